@@ -1,0 +1,380 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SingleNodeID is the node ID reported when [Init] was never called.
+const SingleNodeID = "single-node-local"
+
+// A Cluster is one node's membership in a cluster: it campaigns for the
+// lease, renews it while it leads, and reports transitions. Create it with
+// [New]; its methods are safe for concurrent use.
+type Cluster struct {
+	cfg      Config
+	log      *slog.Logger
+	provider Provider
+	instance string
+	events   *dispatcher
+
+	// term is the lease this node believes it holds, nil when it holds none.
+	// Written only under mu; read lock-free by IsLeader.
+	term    atomic.Pointer[term]
+	mu      sync.Mutex
+	stopped bool
+
+	// unsure is set when an acquisition failed in a way that may have
+	// committed anyway, so Shutdown releases whatever this instance holds.
+	unsure bool
+
+	warnedDup string // instance of a same-NodeID holder already logged; run goroutine only
+
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	shutdown    sync.Once
+	shutdownErr error
+	down        atomic.Bool
+
+	errNotLeader error // returned by RequireLeader while running
+	errDown      error // returned by RequireLeader after Shutdown
+	lookups      flight
+}
+
+// term is one acquired lease and the end of this node's belief in it.
+type term struct {
+	lease Lease
+	until atomic.Int64 // monotonic deadline, see mono
+}
+
+// monoBase anchors mono; time.Since reads the monotonic clock.
+var monoBase = time.Now()
+
+// mono returns the monotonic clock in nanoseconds; it is always positive.
+func mono() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// New validates cfg, prepares the lease store (creating the cluster tables
+// when cfg.Provider is nil), makes this node's first attempt to acquire the
+// lease, and starts the heartbeat that renews or campaigns for it. A lone
+// node whose first attempt succeeds leads when New returns.
+//
+// Call [Cluster.Shutdown] to stop the heartbeat and release the lease.
+func New(ctx context.Context, cfg Config) (*Cluster, error) {
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node_id", cfg.NodeID, "lease", cfg.LeaseName),
+		provider: cfg.Provider,
+		instance: newInstanceID(),
+	}
+	c.errNotLeader = fmt.Errorf("%w: node %q does not hold lease %q", ErrNotLeader, cfg.NodeID, cfg.LeaseName)
+	c.errDown = fmt.Errorf("%w: node %q is shut down", ErrNotLeader, cfg.NodeID)
+	if c.provider == nil {
+		c.provider = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+	}
+	if in, ok := c.provider.(Initializer); ok {
+		if err := in.Init(ctx); err != nil {
+			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
+		}
+	}
+	c.events = newDispatcher(c.log)
+	c.events.subscribe(cfg.OnTransition)
+
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel = cancel
+	if cfg.Role == RoleLeader {
+		first := c.step(ctx)
+		c.wg.Add(1)
+		go c.run(loopCtx, first)
+	}
+	c.log.InfoContext(ctx, "cluster: node started", "role", string(cfg.Role), "instance", c.instance,
+		"lease_ttl", cfg.LeaseTTL, "heartbeat_interval", cfg.HeartbeatInterval, "fence_timeout", cfg.FenceTimeout)
+	return c, nil
+}
+
+func newInstanceID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsLeader reports whether this node holds the lease and its trust window
+// has not ended. It reads the monotonic clock itself, so it turns false on
+// time even if the heartbeat goroutine has not run (a process resuming from
+// a pause sees false on its first call). It does not lock or allocate.
+//
+// IsLeader is an early check for routing and scheduling; only the database
+// can refuse a stale leader's write.
+func (c *Cluster) IsLeader() bool {
+	t := c.term.Load()
+	return t != nil && mono() < t.until.Load()
+}
+
+// FencingToken returns the fencing token of the term this node leads in,
+// or 0 when [Cluster.IsLeader] is false.
+func (c *Cluster) FencingToken() uint64 {
+	t := c.term.Load()
+	if t == nil || mono() >= t.until.Load() {
+		return 0
+	}
+	return t.lease.FencingToken
+}
+
+// RequireLeader returns nil if this node leads, and otherwise an error that
+// wraps [ErrNotLeader] and carries HTTP status 503 (see [HTTPStatus]).
+func (c *Cluster) RequireLeader() error {
+	if c.IsLeader() {
+		return nil
+	}
+	if c.down.Load() {
+		return c.errDown
+	}
+	return c.errNotLeader
+}
+
+// NodeID returns [Config.NodeID].
+func (c *Cluster) NodeID() string { return c.cfg.NodeID }
+
+// Endpoint returns [Config.Endpoint].
+func (c *Cluster) Endpoint() string { return c.cfg.Endpoint }
+
+// CurrentLeader reads who holds the lease now. It returns nil and no error
+// when no node holds an unexpired lease. Concurrent calls share one read.
+func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
+	if c.down.Load() {
+		return nil, ErrShutdown
+	}
+	l, err := c.lookups.do(ctx, func(ctx context.Context) (*Leader, error) {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		defer cancel()
+		return c.provider.Leader(ctx, c.cfg.LeaseName)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read leader of lease %q: %w", c.cfg.LeaseName, err)
+	}
+	if l == nil {
+		return nil, nil
+	}
+	cp := *l // callers sharing one read must not share one value
+	return &cp, nil
+}
+
+// OnTransition registers f to be called on every transition of this node
+// after the call. Handlers run on one goroutine owned by the Cluster, one
+// event at a time, in the order of the transitions and, for one event, in
+// the order they were registered. A slow handler delays later events but
+// never the heartbeat; a handler that panics is logged and the next one
+// runs. A nil f is ignored.
+func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
+
+// Shutdown stops the heartbeat, releases the lease if this node holds it,
+// delivers the final lease-released event, and waits for every goroutine
+// of the Cluster to exit. After Shutdown, IsLeader is false for good.
+//
+// The release runs on a context the caller cannot cancel, bounded by
+// [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
+// ctx bounds only the wait for transition handlers. Shutdown is idempotent;
+// later calls return the first call's result.
+func (c *Cluster) Shutdown(ctx context.Context) error {
+	c.shutdown.Do(func() { c.shutdownErr = c.stop(ctx) })
+	return c.shutdownErr
+}
+
+func (c *Cluster) stop(ctx context.Context) error {
+	c.mu.Lock()
+	c.stopped = true
+	t := c.term.Swap(nil)
+	c.mu.Unlock()
+	c.down.Store(true)
+
+	c.cancel()
+	c.wg.Wait()
+	c.mu.Lock()
+	unsure := c.unsure
+	c.mu.Unlock()
+
+	var err error
+	if t != nil || unsure {
+		l := Lease{Name: c.cfg.LeaseName, Holder: c.cfg.NodeID, Instance: c.instance}
+		if t != nil {
+			l = t.lease
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
+		err = c.provider.Release(rctx, l)
+		cancel()
+		if t != nil {
+			reason := ReasonShutdown
+			if err != nil {
+				reason = ReasonReleaseFailed
+				c.log.WarnContext(ctx, "cluster: release on shutdown failed; the lease expires after LeaseTTL",
+					"fencing_token", l.FencingToken, "lease_ttl", c.cfg.LeaseTTL, "err", err)
+			} else {
+				c.log.InfoContext(ctx, "cluster: lease released", "fencing_token", l.FencingToken)
+			}
+			c.emit(EventLeaseReleased, l.FencingToken, reason)
+		}
+		if err != nil {
+			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
+		}
+	}
+	c.events.close()
+	if werr := c.events.wait(ctx); werr != nil {
+		err = errors.Join(err, fmt.Errorf("cluster: waiting for transition handlers: %w", werr))
+	}
+	return err
+}
+
+func (c *Cluster) emit(kind EventKind, token uint64, reason string) {
+	c.events.emit(Event{Kind: kind, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: token, Reason: reason})
+}
+
+// The default instance behind the package-level functions.
+var std struct {
+	mu       sync.Mutex
+	c        atomic.Pointer[Cluster]
+	down     atomic.Bool
+	handlers []func(Event)
+}
+
+var errSingleShutdown = fmt.Errorf("%w: the single-node process is shut down", ErrNotLeader)
+
+// Init makes this process a member of the cluster described by cfg, as
+// [New] does, and routes the package-level functions to it. Until Init is
+// called the process is a permanent single leader: [IsLeader] is true,
+// [FencingToken] is 0, [CurrentNodeID] is "single-node-local", and no
+// goroutine runs and no database is touched.
+//
+// A second call returns [ErrAlreadyInitialized]; a call that failed may be
+// retried.
+func Init(ctx context.Context, cfg Config) error {
+	std.mu.Lock()
+	defer std.mu.Unlock()
+	if std.c.Load() != nil || std.down.Load() {
+		return fmt.Errorf("%w: Init may be called once per process", ErrAlreadyInitialized)
+	}
+	c, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	for _, h := range std.handlers {
+		c.OnTransition(h)
+	}
+	std.handlers = nil
+	std.c.Store(c)
+	return nil
+}
+
+// IsLeader reports whether this process leads; see [Cluster.IsLeader]. It
+// is true when [Init] was never called, and false for good after [Shutdown].
+func IsLeader() bool {
+	if c := std.c.Load(); c != nil {
+		return c.IsLeader()
+	}
+	return !std.down.Load()
+}
+
+// FencingToken returns the token of the term this process leads in, or 0
+// when it does not lead or [Init] was never called.
+func FencingToken() uint64 {
+	if c := std.c.Load(); c != nil {
+		return c.FencingToken()
+	}
+	return 0
+}
+
+// RequireLeader returns nil if this process leads, and otherwise an error
+// wrapping [ErrNotLeader] that carries HTTP status 503.
+func RequireLeader() error {
+	if c := std.c.Load(); c != nil {
+		return c.RequireLeader()
+	}
+	if std.down.Load() {
+		return errSingleShutdown
+	}
+	return nil
+}
+
+// CurrentNodeID returns this process's node ID, or "single-node-local"
+// when [Init] was never called.
+func CurrentNodeID() string {
+	if c := std.c.Load(); c != nil {
+		return c.NodeID()
+	}
+	return SingleNodeID
+}
+
+// Endpoint returns this process's configured endpoint, or "" when none was
+// configured or [Init] was never called.
+func Endpoint() string {
+	if c := std.c.Load(); c != nil {
+		return c.Endpoint()
+	}
+	return ""
+}
+
+// CurrentLeader reads who leads; see [Cluster.CurrentLeader]. When [Init]
+// was never called it returns this process as a leader whose lease never
+// expires (a zero LeaseExpiresAt).
+func CurrentLeader(ctx context.Context) (*Leader, error) {
+	if c := std.c.Load(); c != nil {
+		return c.CurrentLeader(ctx)
+	}
+	if std.down.Load() {
+		return nil, ErrShutdown
+	}
+	return &Leader{NodeID: SingleNodeID}, nil
+}
+
+// OnTransition registers f with the default instance; see
+// [Cluster.OnTransition]. Handlers registered before [Init] are attached
+// when it succeeds. In single-node mode no transition ever happens.
+func OnTransition(f func(Event)) {
+	if f == nil {
+		return
+	}
+	std.mu.Lock()
+	defer std.mu.Unlock()
+	if c := std.c.Load(); c != nil {
+		c.OnTransition(f)
+		return
+	}
+	std.handlers = append(std.handlers, f)
+}
+
+// Shutdown shuts the default instance down; see [Cluster.Shutdown]. When
+// [Init] was never called it only ends the single-node leadership. In both
+// cases [IsLeader] is false afterwards for good.
+func Shutdown(ctx context.Context) error {
+	std.mu.Lock()
+	std.down.Store(true)
+	c := std.c.Load()
+	std.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.Shutdown(ctx)
+}
+
+// DiscoveryHandler returns the default instance's discovery handler; see
+// [Cluster.DiscoveryHandler]. It may be mounted before [Init]: each request
+// uses the instance current at that time, or answers for the single node.
+func DiscoveryHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := std.c.Load(); c != nil {
+			c.DiscoveryHandler().ServeHTTP(w, r)
+			return
+		}
+		serveSingle(w, r, !std.down.Load())
+	})
+}

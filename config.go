@@ -1,0 +1,275 @@
+package cluster
+
+import (
+	"cmp"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Role says whether a node campaigns for the lease.
+type Role string
+
+const (
+	// RoleLeader nodes campaign for the lease. It is the default.
+	RoleLeader Role = "leader"
+	// RoleFollower nodes never campaign; they answer discovery requests and
+	// report who leads.
+	RoleFollower Role = "follower"
+)
+
+// Dialect names the SQL dialect of [Config.DB].
+type Dialect string
+
+// The supported dialects.
+const (
+	Postgres Dialect = "postgres" // PostgreSQL 12 or later, through github.com/jackc/pgx/v5/stdlib
+	SQLite   Dialect = "sqlite"   // SQLite 3.42 or later, through modernc.org/sqlite
+	MySQL    Dialect = "mysql"    // MySQL 8.0 or MariaDB 10.5 or later, through github.com/go-sql-driver/mysql
+)
+
+// Defaults and limits of the [Config] fields.
+const (
+	DefaultLeaseTTL          = 30 * time.Second
+	MinLeaseTTL              = time.Second
+	DefaultHeartbeatInterval = 10 * time.Second
+	MinHeartbeatInterval     = 100 * time.Millisecond
+	DefaultTablePrefix       = "cluster_"
+	DefaultLeaseName         = "leader"
+)
+
+// Limits on identifiers stored in the lease row.
+const (
+	maxNodeIDLen    = 255
+	maxLeaseNameLen = 128
+	maxEndpointLen  = 2048
+)
+
+var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// Config configures a [Cluster]. Only NodeID and one of DB or Provider are
+// required; every zero field takes the default its comment gives.
+type Config struct {
+	// NodeID names this node. It is required, must be stable across
+	// restarts, and must be unique among the running nodes: a second process
+	// with the same NodeID is refused the lease while the first holds it.
+	// At most 255 bytes of printable UTF-8.
+	NodeID string
+
+	// Role is RoleLeader (the default) to campaign for the lease, or
+	// RoleFollower to never lead.
+	Role Role
+
+	// LeaseName names the lease row, so several independent elections can
+	// share one table. Default "leader"; at most 128 bytes of printable UTF-8.
+	LeaseName string
+
+	// LeaseTTL is how long a granted or renewed lease lasts by the database
+	// clock; it bounds how long a crashed leader blocks a takeover.
+	// Default 30s, minimum 1s.
+	LeaseTTL time.Duration
+
+	// HeartbeatInterval is how often the leader renews its lease, and the
+	// longest a follower waits between attempts to acquire it. Default
+	// LeaseTTL/3, at most 10s; minimum 100ms; must be less than FenceTimeout.
+	HeartbeatInterval time.Duration
+
+	// FenceTimeout is how long after the start of its last successful
+	// acquire or renew attempt a leader keeps believing it leads, measured on
+	// its own monotonic clock. It must be greater than HeartbeatInterval, so
+	// one slow renew does not end leadership, and less than LeaseTTL, so a
+	// cut-off leader stops believing before another node can acquire the
+	// lease. LeaseTTL - FenceTimeout is the margin for clock-rate drift and
+	// scheduling delay. Default LeaseTTL - HeartbeatInterval.
+	FenceTimeout time.Duration
+
+	// Endpoint is this node's routable URL, published to the discovery
+	// handler while this node leads. It must be an absolute https URL with a
+	// host and without user info or fragment; http is allowed only with
+	// AllowInsecureEndpoint. Optional.
+	Endpoint string
+
+	// AllowInsecureEndpoint allows an http:// Endpoint.
+	AllowInsecureEndpoint bool
+
+	// DB is the database that holds the lease. Required unless Provider is
+	// set. The cluster tables are created in it by [New].
+	DB *sql.DB
+
+	// Dialect is the SQL dialect of DB. When empty it is detected from DB's
+	// driver (pgx, modernc.org/sqlite or go-sql-driver/mysql).
+	Dialect Dialect
+
+	// TablePrefix prefixes the names of the cluster tables. Default
+	// "cluster_"; it must match ^[a-z_][a-z0-9_]{0,39}$.
+	TablePrefix string
+
+	// Provider replaces the database row as the store of the lease. When
+	// set, DB, Dialect and TablePrefix are not used for the election.
+	Provider Provider
+
+	// OnTransition, when set, is registered as the first transition handler;
+	// see [Cluster.OnTransition].
+	OnTransition func(Event)
+
+	// Logger receives the cluster's log records. Default: discard.
+	Logger *slog.Logger
+}
+
+// Validate reports whether c, with its defaults applied, is a valid
+// configuration. The error wraps [ErrInvalidConfig] and names the field, its
+// value and the rule it breaks. [New] calls Validate first.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+// resolve returns c with its defaults applied, or the first rule it breaks.
+func (c Config) resolve() (Config, error) {
+	if c.NodeID == "" {
+		return c, configErrorf("NodeID is required")
+	}
+	if err := checkText("NodeID", c.NodeID, maxNodeIDLen); err != nil {
+		return c, err
+	}
+	switch c.Role {
+	case "":
+		c.Role = RoleLeader
+	case RoleLeader, RoleFollower:
+	default:
+		return c, configErrorf("Role (%q) must be %q or %q", c.Role, RoleLeader, RoleFollower)
+	}
+	c.LeaseName = cmp.Or(c.LeaseName, DefaultLeaseName)
+	if err := checkText("LeaseName", c.LeaseName, maxLeaseNameLen); err != nil {
+		return c, err
+	}
+
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	if c.LeaseTTL < MinLeaseTTL {
+		return c, configErrorf("LeaseTTL (%v) must be at least %v", c.LeaseTTL, MinLeaseTTL)
+	}
+	if c.LeaseTTL%time.Millisecond != 0 {
+		return c, configErrorf("LeaseTTL (%v) must be a whole number of milliseconds", c.LeaseTTL)
+	}
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(c.LeaseTTL/3, DefaultHeartbeatInterval))
+	if c.HeartbeatInterval < MinHeartbeatInterval {
+		return c, configErrorf("HeartbeatInterval (%v) must be at least %v", c.HeartbeatInterval, MinHeartbeatInterval)
+	}
+	if c.HeartbeatInterval >= c.LeaseTTL {
+		return c, configErrorf("HeartbeatInterval (%v) must be less than LeaseTTL (%v)", c.HeartbeatInterval, c.LeaseTTL)
+	}
+	fenceDefault := ""
+	if c.FenceTimeout == 0 {
+		c.FenceTimeout = c.LeaseTTL - c.HeartbeatInterval
+		fenceDefault = ", the default LeaseTTL - HeartbeatInterval"
+	}
+	if c.FenceTimeout <= c.HeartbeatInterval {
+		return c, configErrorf("FenceTimeout (%v%s) must be greater than HeartbeatInterval (%v)", c.FenceTimeout, fenceDefault, c.HeartbeatInterval)
+	}
+	if c.FenceTimeout >= c.LeaseTTL {
+		return c, configErrorf("FenceTimeout (%v) must be less than LeaseTTL (%v)", c.FenceTimeout, c.LeaseTTL)
+	}
+
+	if c.Endpoint != "" {
+		if err := checkEndpoint(c.Endpoint, c.AllowInsecureEndpoint); err != nil {
+			return c, err
+		}
+	}
+
+	c.TablePrefix = cmp.Or(c.TablePrefix, DefaultTablePrefix)
+	if !prefixPattern.MatchString(c.TablePrefix) {
+		return c, configErrorf("TablePrefix (%q) must match %s", c.TablePrefix, prefixPattern)
+	}
+	if c.Provider == nil {
+		if c.DB == nil {
+			return c, configErrorf("DB is required when Provider is nil")
+		}
+		detected, driver := detectDialect(c.DB)
+		switch c.Dialect {
+		case "":
+			if detected == "" {
+				return c, configErrorf("Dialect is empty and driver %s is not one this package detects; set Dialect to %q, %q or %q", driver, Postgres, SQLite, MySQL)
+			}
+			c.Dialect = detected
+		case Postgres, SQLite, MySQL:
+			if detected != "" && detected != c.Dialect {
+				return c, configErrorf("Dialect (%q) does not match DB, whose driver %s speaks %q", c.Dialect, driver, detected)
+			}
+		default:
+			return c, configErrorf("Dialect (%q) must be %q, %q or %q", c.Dialect, Postgres, SQLite, MySQL)
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// checkText validates an identifier stored in the lease row.
+func checkText(field, s string, max int) error {
+	if len(s) > max {
+		return configErrorf("%s (%d bytes) must be at most %d bytes", field, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return configErrorf("%s (%q) must be valid UTF-8", field, s)
+	}
+	if i := strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
+		return configErrorf("%s (%q) must not contain control or non-printing characters (found at byte %d)", field, s, i)
+	}
+	return nil
+}
+
+// checkEndpoint validates [Config.Endpoint].
+func checkEndpoint(raw string, allowHTTP bool) error {
+	if len(raw) > maxEndpointLen {
+		return configErrorf("Endpoint (%d bytes) must be at most %d bytes", len(raw), maxEndpointLen)
+	}
+	if i := strings.IndexFunc(raw, func(r rune) bool { return r < 0x20 || r == 0x7f || unicode.IsSpace(r) }); i >= 0 {
+		return configErrorf("Endpoint (%q) must not contain control characters or spaces (found at byte %d)", raw, i)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return configErrorf("Endpoint (%q) is not a URL: %v", raw, err)
+	}
+	switch {
+	case !u.IsAbs():
+		return configErrorf("Endpoint (%q) must be an absolute URL such as https://node-1.internal:8443", raw)
+	case u.Scheme == "http" && !allowHTTP:
+		return configErrorf("Endpoint (%q) uses http; use https or set AllowInsecureEndpoint", raw)
+	case u.Scheme != "https" && u.Scheme != "http":
+		return configErrorf("Endpoint (%q) has scheme %q; it must be https", raw, u.Scheme)
+	case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
+		return configErrorf("Endpoint (%q) must have a host", raw)
+	case u.User != nil:
+		return configErrorf("Endpoint (%q) must not contain user info", raw)
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return configErrorf("Endpoint (%q) must not contain a fragment", raw)
+	}
+	return nil
+}
+
+// detectDialect names the dialect spoken by db's driver, or "" when the
+// driver is unknown, and returns the driver's package path for messages.
+func detectDialect(db *sql.DB) (Dialect, string) {
+	t := reflect.TypeOf(db.Driver())
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg := t.PkgPath()
+	switch pkg {
+	case "github.com/jackc/pgx/v5/stdlib", "github.com/jackc/pgx/v4/stdlib", "github.com/lib/pq":
+		return Postgres, pkg
+	case "modernc.org/sqlite", "github.com/mattn/go-sqlite3", "github.com/ncruces/go-sqlite3/driver":
+		return SQLite, pkg
+	case "github.com/go-sql-driver/mysql":
+		return MySQL, pkg
+	}
+	return "", fmt.Sprintf("%s.%s", pkg, t.Name())
+}

@@ -1,0 +1,156 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sync"
+)
+
+// DiscoveryHandler returns an http.Handler that tells load balancers and
+// operators who leads. It answers every method (HEAD without a body) with
+// Cache-Control: no-store and a JSON body:
+//
+//	{"leader":{"nodeId":"api-1","endpoint":"https://api-1.internal:8443",
+//	           "fencingToken":42,"leaseExpiresAt":1767225600000},
+//	 "self":{"nodeId":"api-2","endpoint":"https://api-2.internal:8443","isLeader":false}}
+//
+// The status is 200 when a node holds an unexpired lease, and 503 with
+// "leader":null when none does or the lookup fails; a failed lookup adds
+// "error":"leader lookup failed" and never the database's message, which is
+// logged instead. leaseExpiresAt is unix milliseconds by the database clock;
+// endpoints not configured are null. Concurrent requests share one database
+// read.
+//
+// The handler has no authentication: mount it inside the trust boundary, or
+// wrap it in your own middleware.
+func (c *Cluster) DiscoveryHandler() http.Handler {
+	return http.HandlerFunc(c.serveDiscovery)
+}
+
+type discoveryLeader struct {
+	NodeID         string  `json:"nodeId"`
+	Endpoint       *string `json:"endpoint"`
+	FencingToken   uint64  `json:"fencingToken"`
+	LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
+}
+
+type discoverySelf struct {
+	NodeID   string  `json:"nodeId"`
+	Endpoint *string `json:"endpoint"`
+	IsLeader bool    `json:"isLeader"`
+}
+
+type discoveryBody struct {
+	Leader *discoveryLeader `json:"leader"`
+	Self   discoverySelf    `json:"self"`
+	Error  string           `json:"error,omitempty"`
+}
+
+func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
+	body := discoveryBody{Self: discoverySelf{
+		NodeID:   c.cfg.NodeID,
+		Endpoint: optional(c.cfg.Endpoint),
+		IsLeader: c.IsLeader(),
+	}}
+	l, err := c.CurrentLeader(r.Context())
+	switch {
+	case err != nil:
+		body.Error = "leader lookup failed"
+		c.log.WarnContext(r.Context(), "cluster: discovery: leader lookup failed", "err", err)
+	case l != nil:
+		exp := l.LeaseExpiresAt.UnixMilli()
+		body.Leader = &discoveryLeader{
+			NodeID:         l.NodeID,
+			Endpoint:       optional(l.Endpoint),
+			FencingToken:   l.FencingToken,
+			LeaseExpiresAt: &exp,
+		}
+	}
+	writeDiscovery(w, r, body)
+}
+
+// serveSingle answers for a process on which Init was never called.
+func serveSingle(w http.ResponseWriter, r *http.Request, up bool) {
+	body := discoveryBody{Self: discoverySelf{NodeID: SingleNodeID, IsLeader: up}}
+	if up {
+		body.Leader = &discoveryLeader{NodeID: SingleNodeID}
+	}
+	writeDiscovery(w, r, body)
+}
+
+func writeDiscovery(w http.ResponseWriter, r *http.Request, body discoveryBody) {
+	b, err := json.Marshal(body)
+	if err != nil { // cannot happen: every field is a string, number or bool
+		http.Error(w, `{"error":"encoding failed"}`, http.StatusInternalServerError)
+		return
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	status := http.StatusOK
+	if body.Leader == nil {
+		status = http.StatusServiceUnavailable
+	}
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		w.Write(b)
+	}
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// flight coalesces concurrent leader lookups into one database read. The
+// first caller runs the read on its own goroutine; callers arriving while it
+// runs wait for its result.
+type flight struct {
+	mu   sync.Mutex
+	call *flightCall
+}
+
+type flightCall struct {
+	done chan struct{}
+	l    *Leader
+	err  error
+}
+
+func (f *flight) do(ctx context.Context, fn func(context.Context) (*Leader, error)) (*Leader, error) {
+	for {
+		f.mu.Lock()
+		if c := f.call; c != nil {
+			f.mu.Unlock()
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			// A read ended by its caller's cancellation says nothing to us.
+			if isContextErr(c.err) && ctx.Err() == nil {
+				continue
+			}
+			return c.l, c.err
+		}
+		c := &flightCall{done: make(chan struct{})}
+		f.call = c
+		f.mu.Unlock()
+
+		c.l, c.err = fn(ctx)
+		f.mu.Lock()
+		f.call = nil
+		f.mu.Unlock()
+		close(c.done)
+		return c.l, c.err
+	}
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

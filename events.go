@@ -1,0 +1,145 @@
+package cluster
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// EventKind names a transition of this node's leadership.
+type EventKind string
+
+// The transitions a node reports.
+const (
+	// EventLeaseAcquired: this node acquired the lease and leads with the
+	// event's FencingToken.
+	EventLeaseAcquired EventKind = "lease-acquired"
+	// EventLeaseLost: this node stopped leading without releasing. Reason
+	// says why: ReasonSelfFenced or ReasonLeaseTaken.
+	EventLeaseLost EventKind = "lease-lost"
+	// EventLeaseReleased: this node released the lease on Shutdown.
+	EventLeaseReleased EventKind = "lease-released"
+)
+
+// Reasons carried by [Event.Reason].
+const (
+	// ReasonSelfFenced: no renew succeeded within [Config.FenceTimeout], so
+	// the node stopped believing it leads before its lease could expire.
+	ReasonSelfFenced = "self-fenced"
+	// ReasonLeaseTaken: a renew found that the lease no longer belongs to
+	// this node's term (it expired and another node, or another process
+	// with the same NodeID, acquired it).
+	ReasonLeaseTaken = "lease-taken"
+	// ReasonShutdown: the node released the lease in Shutdown.
+	ReasonShutdown = "shutdown"
+	// ReasonReleaseFailed: Shutdown could not release the lease; it expires
+	// after LeaseTTL.
+	ReasonReleaseFailed = "shutdown-release-failed"
+)
+
+// An Event reports a leadership transition of this node.
+type Event struct {
+	Kind         EventKind
+	NodeID       string
+	At           time.Time // local wall-clock time of the transition
+	FencingToken uint64    // token of the term acquired, lost or released
+	Reason       string    // why, for lease-lost and lease-released
+}
+
+// dispatcher delivers events to handlers in order on its own goroutine, so
+// a slow handler never delays a renew. The queue is unbounded; events are
+// rare (a few per term).
+type dispatcher struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	handlers []func(Event)
+	queue    []Event
+	closed   bool
+	wake     chan struct{}
+	done     chan struct{}
+}
+
+func newDispatcher(log *slog.Logger) *dispatcher {
+	d := &dispatcher{log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go d.run()
+	return d
+}
+
+func (d *dispatcher) subscribe(f func(Event)) {
+	if f == nil {
+		return
+	}
+	d.mu.Lock()
+	d.handlers = append(d.handlers, f)
+	d.mu.Unlock()
+}
+
+// emit queues e. It never blocks. Events emitted after close are dropped.
+func (d *dispatcher) emit(e Event) {
+	d.mu.Lock()
+	if !d.closed {
+		d.queue = append(d.queue, e)
+	}
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close stops accepting events; the goroutine exits once the queue drains.
+func (d *dispatcher) close() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// wait blocks until the goroutine has delivered every queued event and
+// exited, or ctx is done.
+func (d *dispatcher) wait(ctx context.Context) error {
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *dispatcher) run() {
+	defer close(d.done)
+	for {
+		d.mu.Lock()
+		if len(d.queue) == 0 {
+			closed := d.closed
+			d.mu.Unlock()
+			if closed {
+				return
+			}
+			<-d.wake
+			continue
+		}
+		e := d.queue[0]
+		d.queue[0] = Event{}
+		d.queue = d.queue[1:]
+		handlers := d.handlers[:len(d.handlers):len(d.handlers)]
+		d.mu.Unlock()
+		for _, h := range handlers {
+			d.call(h, e)
+		}
+	}
+}
+
+func (d *dispatcher) call(h func(Event), e Event) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.log.Error("cluster: transition handler panicked", "node_id", e.NodeID, "event", string(e.Kind), "fencing_token", e.FencingToken, "panic", r)
+		}
+	}()
+	h(e)
+}

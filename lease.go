@@ -1,0 +1,189 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// The lease state machine. One goroutine (run) owns every transition:
+//
+//	follower --acquire--> leader --renew ok--> leader
+//	leader --renew says lease is not ours--> follower   (lease-lost, lease-taken)
+//	leader --no renew within FenceTimeout--> follower   (lease-lost, self-fenced)
+//	any --Shutdown--> terminated                        (lease-released)
+//
+// A leader's belief ends at the start of its last successful attempt plus
+// FenceTimeout, on the monotonic clock. IsLeader compares against that
+// deadline itself, so the belief ends on time even when this goroutine is
+// late; the goroutine only makes the ending visible as an event.
+
+// run is the heartbeat goroutine. wait is the delay before its first step.
+func (c *Cluster) run(ctx context.Context, wait time.Duration) {
+	defer c.wg.Done()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		timer.Reset(c.step(ctx))
+	}
+}
+
+// step makes one attempt to renew or acquire the lease and returns how long
+// to wait before the next.
+func (c *Cluster) step(ctx context.Context) time.Duration {
+	if t := c.term.Load(); t != nil {
+		return c.renew(ctx, t)
+	}
+	return c.campaign(ctx)
+}
+
+// renew extends the lease of term t. A failure other than a definite loss
+// is retried promptly until the trust window ends.
+func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
+	start := mono()
+	until := t.until.Load()
+	if start >= until {
+		return c.selfFence(ctx, t)
+	}
+	// The call must end before the window does.
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(until-start))
+	_, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL)
+	cancel()
+	now := mono()
+	switch {
+	case err == nil && now < until:
+		t.until.Store(start + int64(c.cfg.FenceTimeout))
+		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
+	case err == nil:
+		// The renew returned after the window ended (a provider that ignores
+		// ctx). IsLeader was already false; the term is over for us.
+		return c.selfFence(ctx, t)
+	case errors.Is(err, ErrLeaseLost):
+		c.lose(t, ReasonLeaseTaken, err)
+		return 0 // campaign now, to learn how long the new holder has
+	case ctx.Err() != nil:
+		return 0 // shutting down
+	case now >= until:
+		c.log.WarnContext(ctx, "cluster: renew failed", "fencing_token", t.lease.FencingToken, "err", err)
+		return c.selfFence(ctx, t)
+	default:
+		left := time.Duration(until - now)
+		c.log.WarnContext(ctx, "cluster: renew failed; retrying while the trust window lasts",
+			"fencing_token", t.lease.FencingToken, "window_left", left.Round(time.Millisecond), "err", err)
+		return min(c.retryDelay(), left)
+	}
+}
+
+// retryDelay is the pause between renew attempts after a failed one.
+func (c *Cluster) retryDelay() time.Duration {
+	return min(max(c.cfg.HeartbeatInterval/5, 20*time.Millisecond), time.Second)
+}
+
+// selfFence ends term t because its trust window closed without a
+// successful renew, then expires the term in the store on a best-effort
+// basis so that a follower need not wait out the TTL.
+func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
+	if !c.lose(t, ReasonSelfFenced, nil) {
+		return 0
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	err := c.provider.Release(rctx, t.lease)
+	cancel()
+	if err != nil {
+		c.log.DebugContext(ctx, "cluster: release after self-fencing failed; the lease expires by itself",
+			"fencing_token", t.lease.FencingToken, "err", err)
+		return c.cfg.HeartbeatInterval
+	}
+	return 0
+}
+
+// lose ends term t and reports it, unless t already ended. It reports
+// whether it ended t.
+func (c *Cluster) lose(t *term, reason string, err error) bool {
+	c.mu.Lock()
+	ended := c.term.CompareAndSwap(t, nil)
+	c.mu.Unlock()
+	if !ended {
+		return false
+	}
+	c.log.Warn("cluster: lease lost", "fencing_token", t.lease.FencingToken, "reason", reason, "err", err)
+	c.emit(EventLeaseLost, t.lease.FencingToken, reason)
+	return true
+}
+
+// campaign tries to acquire the lease. When another term holds it, the
+// next attempt is timed for the moment it expires by the database clock,
+// and never later than one heartbeat, so a release is noticed promptly.
+func (c *Cluster) campaign(ctx context.Context) time.Duration {
+	start := mono()
+	actx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	l, err := c.provider.Acquire(actx, LeaseRequest{
+		Name:     c.cfg.LeaseName,
+		Holder:   c.cfg.NodeID,
+		Instance: c.instance,
+		Endpoint: c.cfg.Endpoint,
+		TTL:      c.cfg.LeaseTTL,
+	})
+	cancel()
+	now := mono()
+
+	var held *LeaseHeldError
+	switch {
+	case err == nil:
+		t := &term{lease: l}
+		t.until.Store(start + int64(c.cfg.FenceTimeout))
+		c.mu.Lock()
+		if c.stopped {
+			c.unsure = true // Shutdown releases it
+			c.mu.Unlock()
+			return 0
+		}
+		c.term.Store(t)
+		c.unsure = false
+		c.mu.Unlock()
+		c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
+		c.emit(EventLeaseAcquired, l.FencingToken, "")
+		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
+
+	case errors.As(err, &held):
+		if held.Instance == c.instance {
+			// An earlier acquisition committed but its answer was lost. We
+			// cannot know when its term began, so we cannot trust it: end it
+			// and campaign again for a term of our own.
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+			rerr := c.provider.Release(rctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken})
+			cancel()
+			if rerr == nil {
+				return 0
+			}
+			return c.cfg.HeartbeatInterval
+		}
+		c.setUnsure(false)
+		if held.Holder == c.cfg.NodeID && held.Instance != c.warnedDup {
+			c.warnedDup = held.Instance
+			c.log.WarnContext(ctx, "cluster: another process with this node id holds the lease; waiting for it to end (is the node id unique?)",
+				"holder_instance", held.Instance, "instance", c.instance, "fencing_token", held.FencingToken)
+		}
+		return min(max(held.Remaining+time.Millisecond, time.Millisecond), c.cfg.HeartbeatInterval)
+
+	default:
+		// The acquisition may have committed even though we saw an error.
+		c.setUnsure(true)
+		if ctx.Err() != nil {
+			return 0
+		}
+		c.log.WarnContext(ctx, "cluster: acquire failed", "err", err)
+		return c.cfg.HeartbeatInterval
+	}
+}
+
+func (c *Cluster) setUnsure(v bool) {
+	c.mu.Lock()
+	c.unsure = v
+	c.mu.Unlock()
+}
