@@ -36,7 +36,9 @@ type Cluster struct {
 	// committed anyway, so Shutdown releases whatever this instance holds.
 	unsure bool
 
-	warnedDup string // instance of a same-NodeID holder already logged; run goroutine only
+	// Owned by the heartbeat goroutine.
+	warnedDup     string // instance of a same-NodeID holder already logged
+	renewFailures int    // consecutive failed renews of the current term
 
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup

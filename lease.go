@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -58,6 +59,10 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	switch {
 	case err == nil && now < until:
 		t.until.Store(start + int64(c.cfg.FenceTimeout))
+		if c.renewFailures > 0 {
+			c.log.InfoContext(ctx, "cluster: renew succeeded after failures", "fencing_token", t.lease.FencingToken, "failures", c.renewFailures)
+			c.renewFailures = 0
+		}
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 	case err == nil:
 		// The renew returned after the window ended (a provider that ignores
@@ -72,8 +77,14 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 		c.log.WarnContext(ctx, "cluster: renew failed", "fencing_token", t.lease.FencingToken, "err", err)
 		return c.selfFence(ctx, t)
 	default:
+		// The first failure of a streak is a warning; the retries are noise.
 		left := time.Duration(until - now)
-		c.log.WarnContext(ctx, "cluster: renew failed; retrying while the trust window lasts",
+		level := slog.LevelWarn
+		if c.renewFailures > 0 {
+			level = slog.LevelDebug
+		}
+		c.renewFailures++
+		c.log.Log(ctx, level, "cluster: renew failed; retrying while the trust window lasts",
 			"fencing_token", t.lease.FencingToken, "window_left", left.Round(time.Millisecond), "err", err)
 		return min(c.retryDelay(), left)
 	}
@@ -88,6 +99,7 @@ func (c *Cluster) retryDelay() time.Duration {
 // successful renew, then expires the term in the store on a best-effort
 // basis so that a follower need not wait out the TTL.
 func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
+	c.renewFailures = 0
 	if !c.lose(t, ReasonSelfFenced, nil) {
 		return 0
 	}
