@@ -70,6 +70,12 @@ func mono() int64 { return int64(time.Since(monoBase)) + 1 }
 //
 // Call [Cluster.Shutdown] to stop the heartbeat and release the lease.
 func New(ctx context.Context, cfg Config) (*Cluster, error) {
+	return newCluster(ctx, cfg, nil)
+}
+
+// newCluster is New with extra transition handlers registered before the
+// first acquisition, so they see it.
+func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Cluster, error) {
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
@@ -92,6 +98,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	c.events = newDispatcher(c.log)
 	c.events.subscribe(cfg.OnTransition)
+	for _, h := range handlers {
+		c.events.subscribe(h)
+	}
 
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
@@ -265,12 +274,9 @@ func Init(ctx context.Context, cfg Config) error {
 	if std.c.Load() != nil || std.down.Load() {
 		return fmt.Errorf("%w: Init may be called once per process", ErrAlreadyInitialized)
 	}
-	c, err := New(ctx, cfg)
+	c, err := newCluster(ctx, cfg, std.handlers)
 	if err != nil {
 		return err
-	}
-	for _, h := range std.handlers {
-		c.OnTransition(h)
 	}
 	std.handlers = nil
 	std.c.Store(c)

@@ -99,7 +99,6 @@ func (c *Cluster) retryDelay() time.Duration {
 // successful renew, then expires the term in the store on a best-effort
 // basis so that a follower need not wait out the TTL.
 func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
-	c.renewFailures = 0
 	if !c.lose(t, ReasonSelfFenced, nil) {
 		return 0
 	}
@@ -117,6 +116,7 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 // lose ends term t and reports it, unless t already ended. It reports
 // whether it ended t.
 func (c *Cluster) lose(t *term, reason string, err error) bool {
+	c.renewFailures = 0
 	c.mu.Lock()
 	ended := c.term.CompareAndSwap(t, nil)
 	c.mu.Unlock()

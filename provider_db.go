@@ -462,7 +462,7 @@ func (p *dbProvider) wrap(op string, err error) error {
 			switch my.Number {
 			case 1290, 1792, 1836:
 				kind = ErrReadOnly
-				hint = "the server runs with read_only; point DB at the primary"
+				hint = "the server or session is read-only (read_only, or a READ ONLY transaction); point DB at the primary"
 			case 1146, 1054:
 				kind = ErrSchema
 				hint = "the cluster tables are missing or altered; restart a node so New recreates them"
