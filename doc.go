@@ -1,0 +1,81 @@
+// Package cluster turns a Go service into a safe cluster member: leader
+// election over one row of the database the service already runs
+// (PostgreSQL, MySQL/MariaDB or embedded SQLite), fencing tokens issued by
+// that database, and an [http.Handler] that tells load balancers who leads.
+//
+// When [Init] is never called the process is a permanent single leader:
+// [IsLeader] is true, [FencingToken] is 0 and nothing touches a database.
+// Several members can live in one process through [New].
+//
+// # How election works
+//
+// Each lease is a row of the table <prefix>lease (default cluster_lease)
+// with the columns name, holder, instance, fencing_token, acquired_at,
+// renewed_at, expires_at and endpoint; times are unix milliseconds. A node
+// acquires the lease with one conditional statement that succeeds only if
+// the row is free or expired by the database's own clock
+// (clock_timestamp() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL, the host
+// clock on SQLite), and that increments the row's fencing token in the same
+// statement. The leader renews every [Config.HeartbeatInterval]; a renew
+// matches the holder, the instance (random per [New]) and the token, so no
+// other process, not even one started with the same NodeID, can renew or
+// steal a live term. Followers learn from each failed attempt how long the
+// lease has left by the database clock, and try again when it expires, or
+// after one heartbeat, whichever is sooner. No node ever compares its
+// wall clock with another's.
+//
+// # The trust window
+//
+// A leader's belief in its leadership ends at the start of its last
+// successful acquire or renew attempt plus [Config.FenceTimeout], measured
+// on its own monotonic clock. The database cannot have expired the lease
+// before then: the statement ran after the attempt started, and
+// FenceTimeout is shorter than [Config.LeaseTTL]. [Cluster.IsLeader]
+// compares that deadline with the clock on every call, without locks or
+// allocation, so it turns false on time even if no goroutine of ours ran:
+// a process resuming from a long pause sees false on its first call. When
+// the window ends without a successful renew the node reports lease-lost
+// with reason "self-fenced" and campaigns again for a new term.
+//
+// # Fencing
+//
+// The fencing token grows with every acquisition, including a node taking
+// the lease back, and is never reset by release, expiry or restart. A
+// stale leader (paused, partitioned) may still try to write after a new
+// leader took over; IsLeader narrows that window but cannot close it,
+// because a pause can fall between the check and the write. Only the
+// database can refuse such a write, by comparing the token the write
+// carries with the current one in the same transaction.
+//
+// # What the database enforces
+//
+// The lease row is changed only by statements whose WHERE clause checks,
+// by the database clock, that the lease is free or expired (acquire) or
+// that it belongs to the caller's unexpired term (renew and release). Two
+// nodes can therefore never both be granted the same unexpired lease, and
+// tokens are strictly increasing per lease name.
+//
+// # Failure modes
+//
+//   - Database unreachable: renews fail; the leader retries promptly while
+//     its trust window lasts, then self-fences. After LeaseTTL no node
+//     leads until the database answers again. Writes fail closed.
+//   - Leader crash: its lease expires after at most LeaseTTL and a follower
+//     acquires it with a higher token.
+//   - Graceful shutdown: [Cluster.Shutdown] releases the lease (expires it,
+//     keeping the token) on a context its caller cannot cancel, so a
+//     follower takes over within about one heartbeat.
+//   - Read-only database (a replica after failover), exhausted pool, missing
+//     tables: errors wrap [ErrReadOnly], [ErrPoolExhausted] or [ErrSchema]
+//     and say what to do; a transient error ends leadership only when the
+//     trust window does.
+//   - Rolling back the database to an earlier snapshot can re-issue tokens
+//     that were already used; never delete or restore the lease table alone.
+//
+// # Schema
+//
+// [New] creates the tables it needs if they are missing, under a lock that
+// serializes nodes booting at once (pg_advisory_xact_lock, GET_LOCK or
+// BEGIN IMMEDIATE), and records [SchemaVersion] in <prefix>schema_version.
+// The DDL is in the schema directory of the module, one file per dialect.
+package cluster

@@ -1,0 +1,167 @@
+package cluster_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/sqlfence/cluster"
+)
+
+// openExampleDB opens an embedded SQLite database in a fresh directory.
+func openExampleDB() (*sql.DB, func()) {
+	dir, err := os.MkdirTemp("", "cluster-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "cluster.db")+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		log.Fatal(err)
+	}
+	return db, func() { db.Close(); os.RemoveAll(dir) }
+}
+
+// A node joins the cluster with New; a lone node leads when New returns.
+func ExampleNew() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+
+	c, err := cluster.New(ctx, cluster.Config{
+		NodeID:   "api-1",
+		DB:       db,
+		Endpoint: "https://api-1.example.internal:8443",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+
+	fmt.Println("leader:", c.IsLeader())
+	fmt.Println("fencing token:", c.FencingToken())
+	// Output:
+	// leader: true
+	// fencing token: 1
+}
+
+// Without Init, the process is a permanent single leader and nothing
+// touches a database.
+func ExampleIsLeader() {
+	if cluster.IsLeader() {
+		fmt.Println("running the hourly job on", cluster.CurrentNodeID())
+	}
+	// Output:
+	// running the hourly job on single-node-local
+}
+
+// RequireLeader gates a write handler: a follower answers 503 so the load
+// balancer retries on the leader.
+func ExampleCluster_RequireLeader() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	leader, _ := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db})
+	follower, _ := cluster.New(ctx, cluster.Config{NodeID: "api-2", DB: db})
+	defer leader.Shutdown(ctx)
+	defer follower.Shutdown(ctx)
+
+	write := func(c *cluster.Cluster) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := c.RequireLeader(); err != nil {
+				http.Error(w, "not the leader", cluster.HTTPStatus(err))
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}
+	}
+	for _, c := range []*cluster.Cluster{leader, follower} {
+		rec := httptest.NewRecorder()
+		write(c)(rec, httptest.NewRequest(http.MethodPost, "/orders", nil))
+		fmt.Println(c.NodeID(), rec.Code)
+	}
+	err := follower.RequireLeader()
+	fmt.Println(errors.Is(err, cluster.ErrNotLeader))
+	// Output:
+	// api-1 201
+	// api-2 503
+	// true
+}
+
+// Mount the discovery handler on the service's mux to tell load balancers
+// who leads.
+func ExampleCluster_DiscoveryHandler() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	c, _ := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db, Endpoint: "https://api-1.example.internal:8443"})
+	defer c.Shutdown(ctx)
+
+	mux := http.NewServeMux()
+	mux.Handle("/cluster/leader", c.DiscoveryHandler())
+
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/cluster/leader", nil))
+	fmt.Println(rec.Code, rec.Header().Get("Cache-Control"))
+	// Output:
+	// 200 no-store
+}
+
+// Transition handlers run in order on a goroutine of the Cluster.
+func ExampleCluster_OnTransition() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	done := make(chan struct{})
+	c, err := cluster.New(ctx, cluster.Config{
+		NodeID: "api-1",
+		DB:     db,
+		OnTransition: func(e cluster.Event) {
+			line := fmt.Sprintf("%s %s, token %d", e.NodeID, e.Kind, e.FencingToken)
+			if e.Reason != "" {
+				line += " (" + e.Reason + ")"
+			}
+			fmt.Println(line)
+			if e.Kind == cluster.EventLeaseReleased {
+				close(done)
+			}
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Shutdown(ctx)
+	<-done
+	// Output:
+	// api-1 lease-acquired, token 1
+	// api-1 lease-released, token 1 (shutdown)
+}
+
+// CurrentLeader tells any node who leads, for forwarding a write.
+func ExampleCluster_CurrentLeader() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	leader, _ := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db, Endpoint: "https://api-1.example.internal:8443"})
+	defer leader.Shutdown(ctx)
+	follower, _ := cluster.New(ctx, cluster.Config{NodeID: "api-2", DB: db, Role: cluster.RoleFollower})
+	defer follower.Shutdown(ctx)
+
+	l, err := follower.CurrentLeader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("forward writes to", l.NodeID, "at", l.Endpoint)
+	fmt.Println("lease valid for up to 30s:", time.Until(l.LeaseExpiresAt) <= 30*time.Second)
+	// Output:
+	// forward writes to api-1 at https://api-1.example.internal:8443
+	// lease valid for up to 30s: true
+}
