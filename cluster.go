@@ -23,6 +23,7 @@ type Cluster struct {
 	cfg      Config
 	log      *slog.Logger
 	provider Provider
+	db       *dbProvider // the lease's database, nil with a custom Provider
 	instance string
 	events   *dispatcher
 
@@ -39,6 +40,7 @@ type Cluster struct {
 	// Owned by the heartbeat goroutine.
 	warnedDup     string // instance of a same-NodeID holder already logged
 	renewFailures int    // consecutive failed renews of the current term
+	halted        error  // why campaigning stopped for good (a detected rollback)
 
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
@@ -89,7 +91,10 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 	c.errNotLeader = fmt.Errorf("%w: node %q does not hold lease %q", ErrNotLeader, cfg.NodeID, cfg.LeaseName)
 	c.errDown = fmt.Errorf("%w: node %q is shut down", ErrNotLeader, cfg.NodeID)
 	if c.provider == nil {
-		c.provider = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+		c.db = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+		c.provider = c.db
+	} else if p, ok := c.provider.(*dbProvider); ok {
+		c.db = p
 	}
 	if in, ok := c.provider.(Initializer); ok {
 		if err := in.Init(ctx); err != nil {
@@ -104,8 +109,26 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
+	fail := func(err error) (*Cluster, error) {
+		c.stopped = true
+		cancel()
+		c.events.close()
+		c.events.wait(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	// Refuse to join before campaigning: wrong keys or a rolled-back
+	// database must never lead.
+	if err := c.checkVaultKeys(ctx); err != nil {
+		return fail(err)
+	}
+	if err := c.verifyIntegrity(ctx, 0); err != nil {
+		return fail(err)
+	}
 	if cfg.Role == RoleLeader {
 		first := c.step(ctx)
+		if c.halted != nil {
+			return fail(c.halted)
+		}
 		c.wg.Add(1)
 		go c.run(loopCtx, first)
 	}

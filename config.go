@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/cloudflare/circl/kem"
 )
 
 // Role says whether a node campaigns for the lease.
@@ -121,6 +123,38 @@ type Config struct {
 
 	// Logger receives the cluster's log records. Default: discard.
 	Logger *slog.Logger
+
+	// Chains lists the hash-chained tables whose tips [New], and every
+	// acquisition, check for rollback; see [Cluster.AdvanceTip]. Needs the
+	// default provider (Provider nil).
+	Chains []Chain
+
+	// WitnessFile, when set, is a local file in which this node records the
+	// highest fencing token and chain tips it has seen, so that a restore of
+	// the whole database (which brings back old tips too) is detected at
+	// boot and at every acquisition. Written atomically and fsynced. Keep it
+	// on the node's own disk, not in the database's backups.
+	WitnessFile string
+
+	// VaultKeys are this node's vault public keys, fingerprinted with
+	// [VaultKeyFingerprint] in the order given. [New] refuses to join a
+	// cluster that recorded another fingerprint. Only public keys are read.
+	VaultKeys []kem.PublicKey
+
+	// VaultKeyFingerprint is the fingerprint of keys of another kind, used
+	// instead of VaultKeys: 128 lowercase hex characters.
+	VaultKeyFingerprint string
+
+	// AcceptVaultKeyRotation lets [New] adopt this node's fingerprint as
+	// the cluster's when they differ, incrementing the rotation epoch,
+	// instead of refusing with [ErrVaultKeyDrift]. Set it only while
+	// rolling out rotated keys.
+	AcceptVaultKeyRotation bool
+
+	// ExpectedVaultKeyFingerprint narrows AcceptVaultKeyRotation to one
+	// blessed fingerprint, so a stale or mistyped key file is still
+	// refused. Requires AcceptVaultKeyRotation.
+	ExpectedVaultKeyFingerprint string
 }
 
 // Validate reports whether c, with its defaults applied, is a valid
@@ -206,10 +240,58 @@ func (c Config) resolve() (Config, error) {
 			return c, configErrorf("Dialect (%q) must be %q, %q or %q", c.Dialect, Postgres, SQLite, MySQL)
 		}
 	}
+	chains, err := resolveChains(c.Chains)
+	if err != nil {
+		return c, err
+	}
+	c.Chains = chains
+	if err := c.resolveVaultKeys(); err != nil {
+		return c, err
+	}
+	if _, isDB := c.Provider.(*dbProvider); c.Provider != nil && !isDB {
+		for field, set := range map[string]bool{
+			"Chains":      len(c.Chains) > 0,
+			"WitnessFile": c.WitnessFile != "",
+			"VaultKeys":   len(c.VaultKeys) > 0 || c.VaultKeyFingerprint != "",
+		} {
+			if set {
+				return c, configErrorf("%s needs the lease in DB; it cannot be used with a custom Provider", field)
+			}
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
+}
+
+// resolveVaultKeys fingerprints VaultKeys into VaultKeyFingerprint and
+// checks the rotation settings.
+func (c *Config) resolveVaultKeys() error {
+	switch {
+	case len(c.VaultKeys) > 0 && c.VaultKeyFingerprint != "":
+		return configErrorf("VaultKeys and VaultKeyFingerprint are both set; set one")
+	case len(c.VaultKeys) > 0:
+		fp, err := VaultKeyFingerprint(c.VaultKeys...)
+		if err != nil {
+			return configErrorf("VaultKeys: %v", err)
+		}
+		c.VaultKeyFingerprint = fp
+	case c.VaultKeyFingerprint != "" && !ValidVaultKeyFingerprint(c.VaultKeyFingerprint):
+		return configErrorf("VaultKeyFingerprint (%q) must be %d lowercase hex characters, as VaultKeyFingerprint returns", prefix(c.VaultKeyFingerprint, 32), VaultKeyFingerprintLen)
+	}
+	if c.ExpectedVaultKeyFingerprint != "" {
+		if !ValidVaultKeyFingerprint(c.ExpectedVaultKeyFingerprint) {
+			return configErrorf("ExpectedVaultKeyFingerprint (%q) must be %d lowercase hex characters", prefix(c.ExpectedVaultKeyFingerprint, 32), VaultKeyFingerprintLen)
+		}
+		if !c.AcceptVaultKeyRotation {
+			return configErrorf("ExpectedVaultKeyFingerprint is set but AcceptVaultKeyRotation is false; set both to bless a rotation")
+		}
+	}
+	if c.AcceptVaultKeyRotation && c.VaultKeyFingerprint == "" {
+		return configErrorf("AcceptVaultKeyRotation is set but there are no VaultKeys or VaultKeyFingerprint")
+	}
+	return nil
 }
 
 // checkText validates an identifier stored in the lease row.

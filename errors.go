@@ -44,16 +44,39 @@ var (
 	// ErrPoolExhausted reports that no connection became free in the
 	// *sql.DB pool before the call's deadline.
 	ErrPoolExhausted = errors.New("cluster: connection pool exhausted")
+
+	// ErrStaleFencingToken reports that the database refused a fenced write
+	// because the writer's fencing token is not that of the current,
+	// unexpired lease. It also matches [ErrNotLeader] and carries HTTP
+	// status 503.
+	ErrStaleFencingToken error = &statusError{msg: "cluster: stale fencing token", status: http.StatusServiceUnavailable, parent: ErrNotLeader}
+
+	// ErrTipBackwards reports an attempt to move a chain tip to a lower
+	// counter; the database refuses it.
+	ErrTipBackwards = errors.New("cluster: chain tip would move backwards")
+
+	// ErrRollbackDetected reports that the database holds less than it once
+	// did: a chain table lost rows or had one substituted, or the database
+	// shows a lower fencing token or chain tip than this node's witness
+	// file recorded. Restoring a snapshot does this; so does tampering.
+	ErrRollbackDetected = errors.New("cluster: database rollback detected")
+
+	// ErrVaultKeyDrift reports that this node's vault keys differ from the
+	// fingerprint the cluster recorded, and no rotation was declared.
+	ErrVaultKeyDrift = errors.New("cluster: vault key drift")
 )
 
-// statusError is an error that carries an HTTP status code.
+// statusError is a sentinel that carries an HTTP status code and may be a
+// special case of another sentinel.
 type statusError struct {
 	msg    string
 	status int
+	parent error
 }
 
-func (e *statusError) Error() string   { return e.msg }
-func (e *statusError) HTTPStatus() int { return e.status }
+func (e *statusError) Error() string        { return e.msg }
+func (e *statusError) HTTPStatus() int      { return e.status }
+func (e *statusError) Is(target error) bool { return e.parent != nil && target == e.parent }
 
 // HTTPStatus returns the HTTP status code that err carries, or 500 when it
 // carries none. Errors wrapping [ErrNotLeader] carry 503.

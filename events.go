@@ -20,6 +20,14 @@ const (
 	EventLeaseLost EventKind = "lease-lost"
 	// EventLeaseReleased: this node released the lease on Shutdown.
 	EventLeaseReleased EventKind = "lease-released"
+	// EventRollbackDetected: after acquiring the lease this node found the
+	// database rolled back (see [ErrRollbackDetected]); it released the
+	// lease and stopped campaigning. Reason holds the details.
+	EventRollbackDetected EventKind = "rollback-detected"
+	// EventVaultKeyRotated: this node advanced the cluster's vault-key
+	// fingerprint under [Config.AcceptVaultKeyRotation]. Reason holds the
+	// fingerprint prefixes and the new rotation epoch.
+	EventVaultKeyRotated EventKind = "vault-key-rotated"
 )
 
 // Reasons carried by [Event.Reason].

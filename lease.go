@@ -30,7 +30,11 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 			return
 		case <-timer.C:
 		}
-		timer.Reset(c.step(ctx))
+		wait := c.step(ctx)
+		if c.halted != nil {
+			return
+		}
+		timer.Reset(wait)
 	}
 }
 
@@ -147,6 +151,11 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	var held *LeaseHeldError
 	switch {
 	case err == nil:
+		// Check the database before reporting leadership: a rolled-back
+		// database must not get a leader that writes on top of it.
+		if err := c.verifyAcquired(ctx, l, start); err != nil {
+			return c.cfg.HeartbeatInterval
+		}
 		t := &term{lease: l}
 		t.until.Store(start + int64(c.cfg.FenceTimeout))
 		c.mu.Lock()
@@ -192,6 +201,36 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.log.WarnContext(ctx, "cluster: acquire failed", "err", err)
 		return c.cfg.HeartbeatInterval
 	}
+}
+
+// verifyAcquired runs the rollback checks for a freshly acquired lease l.
+// On failure it releases l; a detected rollback also halts campaigning.
+func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) error {
+	if c.db == nil || (len(c.cfg.Chains) == 0 && c.cfg.WitnessFile == "") {
+		return nil
+	}
+	vctx, cancel := context.WithTimeout(ctx, time.Duration(start+int64(c.cfg.FenceTimeout)-mono()))
+	err := c.verifyIntegrity(vctx, l.FencingToken)
+	cancel()
+	if err == nil {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	rerr := c.provider.Release(rctx, l)
+	cancel()
+	if rerr != nil {
+		c.setUnsure(true)
+	}
+	if errors.Is(err, ErrRollbackDetected) {
+		c.halted = err
+		c.log.ErrorContext(ctx, "cluster: database rollback detected after acquiring the lease; released it and stopped campaigning",
+			"fencing_token", l.FencingToken, "err", err)
+		c.emit(EventRollbackDetected, l.FencingToken, err.Error())
+		return err
+	}
+	c.log.WarnContext(ctx, "cluster: could not verify the database after acquiring the lease; released it",
+		"fencing_token", l.FencingToken, "err", err)
+	return err
 }
 
 func (c *Cluster) setUnsure(v bool) {

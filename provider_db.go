@@ -15,7 +15,7 @@ import (
 
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 //go:embed schema/*.sql
 var schemaFS embed.FS
@@ -200,7 +200,7 @@ func (p *dbProvider) applySchema(ctx context.Context, conn *sql.Conn) error {
 			ErrSchema, p.prefix, have.Int64, SchemaVersion)
 	}
 	for _, stmt := range p.ddl[1:] {
-		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil && !p.triggerExists(err) {
 			return p.wrap("create tables", err)
 		}
 	}
@@ -211,6 +211,14 @@ func (p *dbProvider) applySchema(ctx context.Context, conn *sql.Conn) error {
 		}
 	}
 	return nil
+}
+
+// triggerExists reports MySQL's error for CREATE TRIGGER of an existing
+// trigger, which schema creation keeps rather than drop: MySQL DDL is not
+// transactional, so a drop would leave a moment without the guard.
+func (p *dbProvider) triggerExists(err error) bool {
+	var my *mysql.MySQLError
+	return p.dialect == MySQL && errors.As(err, &my) && my.Number == 1359
 }
 
 // bind rewrites ? placeholders for PostgreSQL.
@@ -444,6 +452,12 @@ func (p *dbProvider) wrap(op string, err error) error {
 		var pg interface{ SQLState() string }
 		if errors.As(err, &pg) {
 			switch code := pg.SQLState(); {
+			case code == "SF001":
+				kind = ErrStaleFencingToken
+				hint = "the database refused a write under a fencing token that is not the current lease's"
+			case code == "SF002":
+				kind = ErrTipBackwards
+				hint = "the database refused to move a chain tip backwards"
 			case code == "25006":
 				kind = ErrReadOnly
 				hint = "the server is a read-only replica or in recovery; point DB at the primary"
@@ -470,6 +484,15 @@ func (p *dbProvider) wrap(op string, err error) error {
 				hint = "syntax error: is Dialect right for this database?"
 			case 1205, 1213:
 				hint = "lock wait timeout or deadlock on the lease row; it is retried"
+			case 1644: // SIGNAL from a guard trigger
+				switch {
+				case strings.Contains(my.Message, "stale fencing token"):
+					kind = ErrStaleFencingToken
+					hint = "the database refused a write under a fencing token that is not the current lease's"
+				case strings.Contains(my.Message, "moving backwards"):
+					kind = ErrTipBackwards
+					hint = "the database refused to move a chain tip backwards"
+				}
 			}
 		}
 	case SQLite:
@@ -482,6 +505,14 @@ func (p *dbProvider) wrap(op string, err error) error {
 			case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
 				hint = "another connection holds the write lock; set a busy timeout (_pragma=busy_timeout(5000) in the DSN)"
 			}
+		}
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "sqlfence: stale fencing token"):
+			kind = ErrStaleFencingToken
+			hint = "the database refused a write under a fencing token that is not the current lease's"
+		case strings.Contains(msg, "sqlfence: chain tip moving backwards"):
+			kind = ErrTipBackwards
+			hint = "the database refused to move a chain tip backwards"
 		}
 		if kind == nil && strings.Contains(err.Error(), "no such table") {
 			kind = ErrSchema

@@ -22,3 +22,69 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     endpoint      VARCHAR(2048) NOT NULL DEFAULT '',
     CONSTRAINT {{prefix}}lease_token_nonneg CHECK (fencing_token >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- Version 2: chain tips and cluster state.
+
+-- The recorded tip of each hash-chained table. The guard triggers below make
+-- the database itself refuse a tip written under a stale fencing token or
+-- moving backwards, so a paused old leader cannot extend a chain.
+-- (With binary logging on, creating triggers needs the TRIGGER privilege and
+-- SUPER or log_bin_trust_function_creators=1.)
+CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
+    scope         VARCHAR(128)   NOT NULL PRIMARY KEY,
+    lease_name    VARCHAR(128)   NOT NULL,
+    at_counter    BIGINT         NOT NULL,
+    row_hash      VARBINARY(512) NOT NULL,
+    fencing_token BIGINT         NOT NULL,
+    updated_at    BIGINT         NOT NULL,
+    CONSTRAINT {{prefix}}chain_tips_counter_nonneg CHECK (at_counter >= 0),
+    CONSTRAINT {{prefix}}chain_tips_token_pos CHECK (fencing_token > 0)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- An existing trigger (error 1359) is kept: MySQL DDL is not transactional,
+-- so dropping and recreating would leave a moment without the guard.
+CREATE TRIGGER {{prefix}}chain_tips_guard_insert
+BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    DECLARE cur_token BIGINT DEFAULT NULL;
+    DECLARE cur_expires BIGINT DEFAULT NULL;
+    -- A locking read holds the lease row until this transaction ends, so no
+    -- later term can be granted before this tip commits.
+    SELECT fencing_token, expires_at INTO cur_token, cur_expires
+        FROM {{prefix}}lease WHERE name = NEW.lease_name LOCK IN SHARE MODE;
+    IF cur_token IS NULL OR NEW.fencing_token <> cur_token
+        OR cur_expires <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: stale fencing token';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard_update
+BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    DECLARE cur_token BIGINT DEFAULT NULL;
+    DECLARE cur_expires BIGINT DEFAULT NULL;
+    SELECT fencing_token, expires_at INTO cur_token, cur_expires
+        FROM {{prefix}}lease WHERE name = NEW.lease_name LOCK IN SHARE MODE;
+    IF cur_token IS NULL OR NEW.fencing_token <> cur_token OR NEW.fencing_token < OLD.fencing_token
+        OR cur_expires <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: stale fencing token';
+    END IF;
+    IF NEW.at_counter < OLD.at_counter THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: chain tip moving backwards';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard_delete
+BEFORE DELETE ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: chain tips may not be deleted';
+END;
+
+-- Cluster-wide facts every node must agree on, one row per lease name.
+CREATE TABLE IF NOT EXISTS {{prefix}}state (
+    scope            VARCHAR(128) NOT NULL PRIMARY KEY,
+    vault_key_fp     VARCHAR(128) NOT NULL,
+    rotation_epoch   BIGINT       NOT NULL DEFAULT 0,
+    recorded_at      BIGINT       NOT NULL,
+    recorded_by_node VARCHAR(255) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -43,3 +43,43 @@ WHERE name = ? AND holder = ? AND instance = ? AND (? = 0 OR fencing_token = ?)
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ?;
+
+-- name: fence
+-- ? name. LOCK IN SHARE MODE holds the row until the caller's transaction
+-- ends, so no later term can be granted before its writes commit.
+SELECT holder, instance, fencing_token, expires_at, endpoint,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM {{prefix}}lease WHERE name = ? LOCK IN SHARE MODE;
+
+-- name: tip_read
+-- ? scope.
+SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = ?;
+
+-- name: tip_write
+-- scope, lease name, counter, row hash, fencing token.
+-- The guard triggers refuse a stale token or a counter moving backwards.
+INSERT INTO {{prefix}}chain_tips (scope, lease_name, at_counter, row_hash, fencing_token, updated_at)
+VALUES (?, ?, ?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+ON DUPLICATE KEY UPDATE
+    lease_name    = VALUES(lease_name),
+    at_counter    = VALUES(at_counter),
+    row_hash      = VALUES(row_hash),
+    fencing_token = VALUES(fencing_token),
+    updated_at    = VALUES(updated_at);
+
+-- name: state_insert
+-- scope, vault key fingerprint, node.
+INSERT INTO {{prefix}}state (scope, vault_key_fp, rotation_epoch, recorded_at, recorded_by_node)
+VALUES (?, ?, 0, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, ?)
+ON DUPLICATE KEY UPDATE scope = scope;
+
+-- name: state_read
+-- ? scope.
+SELECT vault_key_fp, rotation_epoch, recorded_at, recorded_by_node FROM {{prefix}}state WHERE scope = ?;
+
+-- name: state_rotate
+-- scope, new fingerprint, node, old fingerprint (compare-and-set).
+UPDATE {{prefix}}state
+SET vault_key_fp = ?, rotation_epoch = rotation_epoch + 1,
+    recorded_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, recorded_by_node = ?
+WHERE scope = ? AND vault_key_fp = ?;

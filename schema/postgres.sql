@@ -21,3 +21,65 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     expires_at    BIGINT NOT NULL,
     endpoint      TEXT   NOT NULL DEFAULT ''
 );
+
+-- Version 2: chain tips and cluster state.
+
+-- The recorded tip of each hash-chained table. The guard trigger below makes
+-- the database itself refuse a tip written under a stale fencing token or
+-- moving backwards, so a paused old leader cannot extend a chain.
+CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
+    scope         TEXT   PRIMARY KEY,
+    lease_name    TEXT   NOT NULL,
+    at_counter    BIGINT NOT NULL CHECK (at_counter >= 0),
+    row_hash      BYTEA  NOT NULL,
+    fencing_token BIGINT NOT NULL CHECK (fencing_token > 0),
+    updated_at    BIGINT NOT NULL
+);
+
+CREATE OR REPLACE FUNCTION {{prefix}}chain_tips_guard() RETURNS trigger
+LANGUAGE plpgsql AS $guard$
+DECLARE
+    cur_token   BIGINT;
+    cur_expires BIGINT;
+    now_ms      BIGINT := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'sqlfence: chain tip % may not be deleted', OLD.scope
+            USING ERRCODE = 'SF003';
+    END IF;
+    -- FOR SHARE holds the lease row until this transaction ends, so no later
+    -- term can be granted before this tip commits.
+    SELECT fencing_token, expires_at INTO cur_token, cur_expires
+        FROM {{prefix}}lease WHERE name = NEW.lease_name FOR SHARE;
+    IF NOT FOUND OR NEW.fencing_token <> cur_token OR cur_expires <= now_ms THEN
+        RAISE EXCEPTION 'sqlfence: stale fencing token % for chain % (current token %)',
+            NEW.fencing_token, NEW.scope, cur_token USING ERRCODE = 'SF001';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.fencing_token < OLD.fencing_token THEN
+            RAISE EXCEPTION 'sqlfence: stale fencing token % for chain % (tip written under %)',
+                NEW.fencing_token, NEW.scope, OLD.fencing_token USING ERRCODE = 'SF001';
+        END IF;
+        IF NEW.at_counter < OLD.at_counter THEN
+            RAISE EXCEPTION 'sqlfence: chain % tip moving backwards from % to %',
+                NEW.scope, OLD.at_counter, NEW.at_counter USING ERRCODE = 'SF002';
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard ON {{prefix}}chain_tips;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}chain_tips
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}chain_tips_guard();
+
+-- Cluster-wide facts every node must agree on, one row per lease name.
+CREATE TABLE IF NOT EXISTS {{prefix}}state (
+    scope            TEXT   PRIMARY KEY,
+    vault_key_fp     TEXT   NOT NULL,
+    rotation_epoch   BIGINT NOT NULL DEFAULT 0,
+    recorded_at      BIGINT NOT NULL,
+    recorded_by_node TEXT   NOT NULL
+);

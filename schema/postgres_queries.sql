@@ -59,3 +59,43 @@ WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 FROM {{prefix}}lease WHERE name = $1;
+
+-- name: fence
+-- $1 name. FOR SHARE holds the row until the caller's transaction ends, so
+-- no later term can be granted before its writes commit.
+SELECT holder, instance, fencing_token, expires_at, endpoint,
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM {{prefix}}lease WHERE name = $1 FOR SHARE;
+
+-- name: tip_read
+-- $1 scope.
+SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = $1;
+
+-- name: tip_write
+-- $1 scope, $2 lease name, $3 counter, $4 row hash, $5 fencing token.
+-- The guard trigger refuses a stale token or a counter moving backwards.
+INSERT INTO {{prefix}}chain_tips (scope, lease_name, at_counter, row_hash, fencing_token, updated_at)
+VALUES ($1, $2, $3, $4, $5, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (scope) DO UPDATE SET
+    lease_name    = excluded.lease_name,
+    at_counter    = excluded.at_counter,
+    row_hash      = excluded.row_hash,
+    fencing_token = excluded.fencing_token,
+    updated_at    = excluded.updated_at;
+
+-- name: state_insert
+-- $1 scope, $2 vault key fingerprint, $3 node.
+INSERT INTO {{prefix}}state (scope, vault_key_fp, rotation_epoch, recorded_at, recorded_by_node)
+VALUES ($1, $2, 0, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, $3)
+ON CONFLICT (scope) DO NOTHING;
+
+-- name: state_read
+-- $1 scope.
+SELECT vault_key_fp, rotation_epoch, recorded_at, recorded_by_node FROM {{prefix}}state WHERE scope = $1;
+
+-- name: state_rotate
+-- $1 new fingerprint, $2 node, $3 scope, $4 old fingerprint (compare-and-set).
+UPDATE {{prefix}}state
+SET vault_key_fp = $1, rotation_epoch = rotation_epoch + 1,
+    recorded_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, recorded_by_node = $2
+WHERE scope = $3 AND vault_key_fp = $4;

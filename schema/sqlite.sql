@@ -21,3 +21,54 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     expires_at    INTEGER NOT NULL,
     endpoint      TEXT    NOT NULL DEFAULT ''
 );
+
+-- Version 2: chain tips and cluster state.
+
+-- The recorded tip of each hash-chained table. The guard triggers below make
+-- the database itself refuse a tip written under a stale fencing token or
+-- moving backwards, so a paused old leader cannot extend a chain.
+CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
+    scope         TEXT    NOT NULL PRIMARY KEY,
+    lease_name    TEXT    NOT NULL,
+    at_counter    INTEGER NOT NULL CHECK (at_counter >= 0),
+    row_hash      BLOB    NOT NULL,
+    fencing_token INTEGER NOT NULL CHECK (fencing_token > 0),
+    updated_at    INTEGER NOT NULL
+);
+
+CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_insert
+BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence: stale fencing token')
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {{prefix}}lease
+        WHERE name = NEW.lease_name AND fencing_token = NEW.fencing_token
+          AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER));
+END;
+
+CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_update
+BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence: stale fencing token')
+    WHERE NEW.fencing_token < OLD.fencing_token OR NOT EXISTS (
+        SELECT 1 FROM {{prefix}}lease
+        WHERE name = NEW.lease_name AND fencing_token = NEW.fencing_token
+          AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER));
+    SELECT RAISE(ABORT, 'sqlfence: chain tip moving backwards')
+    WHERE NEW.at_counter < OLD.at_counter;
+END;
+
+CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_delete
+BEFORE DELETE ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence: chain tips may not be deleted');
+END;
+
+-- Cluster-wide facts every node must agree on, one row per lease name.
+CREATE TABLE IF NOT EXISTS {{prefix}}state (
+    scope            TEXT    NOT NULL PRIMARY KEY,
+    vault_key_fp     TEXT    NOT NULL,
+    rotation_epoch   INTEGER NOT NULL DEFAULT 0,
+    recorded_at      INTEGER NOT NULL,
+    recorded_by_node TEXT    NOT NULL
+);

@@ -1,0 +1,87 @@
+package cluster_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"testing"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// createAuditTable creates a hash-chained table <prefix>audit with the
+// default column names.
+func createAuditTable(t *testing.T, tg testdb.Target, db *sql.DB) string {
+	t.Helper()
+	name := tg.Prefix + "audit"
+	ddl := map[cluster.Dialect]string{
+		cluster.Postgres: "CREATE TABLE " + name + " (monotonic_counter BIGINT PRIMARY KEY, row_hash BYTEA NOT NULL, payload TEXT NOT NULL)",
+		cluster.MySQL:    "CREATE TABLE " + name + " (monotonic_counter BIGINT PRIMARY KEY, row_hash VARBINARY(64) NOT NULL, payload TEXT NOT NULL) ENGINE=InnoDB",
+		cluster.SQLite:   "CREATE TABLE " + name + " (monotonic_counter INTEGER PRIMARY KEY, row_hash BLOB NOT NULL, payload TEXT NOT NULL)",
+	}[tg.Dialect]
+	if _, err := db.ExecContext(context.Background(), ddl); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// bind rewrites ? placeholders for PostgreSQL.
+func bind(d cluster.Dialect, q string) string {
+	if d != cluster.Postgres {
+		return q
+	}
+	out := make([]byte, 0, len(q)+8)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			out = append(out, '$')
+			out = strconv.AppendInt(out, int64(n), 10)
+			continue
+		}
+		out = append(out, q[i])
+	}
+	return string(out)
+}
+
+// hashOf is a stand-in row hash for counter n.
+func hashOf(n int, salt string) []byte {
+	return []byte{byte(n >> 8), byte(n), 0xfe, salt[0], 0x01, 0x02, 0x03, 0x04, 0x05}
+}
+
+// appendAudit appends rows from..to to the audit table through n, each in
+// a fenced transaction that advances the chain's tip.
+func appendAudit(t *testing.T, tg testdb.Target, n *node, table string, from, to int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := from; i <= to; i++ {
+		tx, err := n.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Fence(ctx, tx); err != nil {
+			tx.Rollback()
+			t.Fatalf("Fence: %v", err)
+		}
+		h := hashOf(i, "a")
+		if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+table+" (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), i, h, "event"); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := n.AdvanceTip(ctx, tx, "audit", uint64(i), h); err != nil {
+			tx.Rollback()
+			t.Fatalf("AdvanceTip(%d): %v", i, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// withAudit configures the audit chain.
+func withAudit(table string) func(*cluster.Config) {
+	return func(c *cluster.Config) {
+		c.Chains = []cluster.Chain{{Name: "audit", Table: table}}
+	}
+}

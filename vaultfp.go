@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"reflect"
+
+	"github.com/cloudflare/circl/kem"
+	"golang.org/x/crypto/sha3"
+)
+
+// VaultKeyFingerprintLen is the length, in hex characters, of a fingerprint
+// returned by [VaultKeyFingerprint]: a SHA3-512 digest is 64 bytes.
+const VaultKeyFingerprintLen = 128
+
+// vaultKeyDomain separates vault-key fingerprints from every other use of
+// SHA3-512 over the same bytes. Changing it changes every fingerprint.
+const vaultKeyDomain = "sqlfence/cluster vault-key fingerprint v1"
+
+// VaultKeyFingerprint returns the fingerprint of a node's vault public keys:
+// [VaultKeyFingerprintLen] lowercase hex characters of the SHA3-512 digest of
+//
+//	len(domain) || domain || count ||
+//	for each key: len(name) || name || len(pub) || pub
+//
+// where domain is "sqlfence/cluster vault-key fingerprint v1", count is the
+// number of keys, name is key.Scheme().Name(), pub is key.MarshalBinary(),
+// and every length and the count are big-endian uint32s. The prefixes make
+// the encoding injective: two different lists of (scheme, key) pairs never
+// hash the same bytes, and the same key bytes under two schemes differ.
+//
+// Order matters: the fingerprint of (a, b) differs from that of (b, a), and
+// duplicates are not removed. Callers must pass the keys in a fixed,
+// documented order, such as the order of their key ring, on every node.
+//
+// Only public keys are read; no private key ever reaches this function. A
+// fingerprint of public keys is not secret, but by convention logs carry
+// only its first 16 hex characters.
+//
+// Errors: with no keys, or with a nil key (named by its index), the error
+// wraps [ErrInvalidConfig]; when a key's MarshalBinary fails, the error
+// names the key's index and scheme and wraps the failure.
+func VaultKeyFingerprint(keys ...kem.PublicKey) (string, error) {
+	if len(keys) == 0 {
+		return "", configErrorf("vault-key fingerprint: at least one public key is required")
+	}
+	if uint64(len(keys)) > math.MaxUint32 {
+		return "", configErrorf("vault-key fingerprint: %d keys, more than the %d the encoding allows", len(keys), uint64(math.MaxUint32))
+	}
+	named := make([]namedKey, len(keys))
+	for i, k := range keys {
+		if isNilKey(k) {
+			return "", configErrorf("vault-key fingerprint: key %d is nil", i)
+		}
+		s := k.Scheme()
+		if s == nil {
+			return "", configErrorf("vault-key fingerprint: key %d (%T) has no scheme", i, k)
+		}
+		name := s.Name()
+		pub, err := k.MarshalBinary()
+		if err != nil {
+			return "", fmt.Errorf("cluster: vault-key fingerprint: marshal key %d (%s): %w", i, name, err)
+		}
+		if uint64(len(name)) > math.MaxUint32 || uint64(len(pub)) > math.MaxUint32 {
+			return "", fmt.Errorf("cluster: vault-key fingerprint: key %d (%s) is too long to encode", i, name)
+		}
+		named[i] = namedKey{scheme: name, pub: pub}
+	}
+	h := sha3.New512()
+	h.Write(appendVaultKeyEncoding(nil, vaultKeyDomain, named))
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ValidVaultKeyFingerprint reports whether s has the form of a fingerprint
+// returned by [VaultKeyFingerprint]: exactly [VaultKeyFingerprintLen]
+// lowercase hex characters. It checks the form only, not which keys it
+// belongs to.
+func ValidVaultKeyFingerprint(s string) bool {
+	if len(s) != VaultKeyFingerprintLen {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// namedKey is one public key as [VaultKeyFingerprint] hashes it.
+type namedKey struct {
+	scheme string // kem.Scheme.Name()
+	pub    []byte // kem.PublicKey.MarshalBinary()
+}
+
+// appendVaultKeyEncoding appends to dst the encoding that
+// [VaultKeyFingerprint] hashes and returns the extended slice. The caller
+// ensures that len(keys) and every length fit in a uint32.
+func appendVaultKeyEncoding(dst []byte, domain string, keys []namedKey) []byte {
+	dst = appendLengthPrefixed(dst, domain)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(keys)))
+	for _, k := range keys {
+		dst = appendLengthPrefixed(dst, k.scheme)
+		dst = appendLengthPrefixed(dst, k.pub)
+	}
+	return dst
+}
+
+// appendLengthPrefixed appends len(b) as a big-endian uint32, then b.
+func appendLengthPrefixed[T string | []byte](dst []byte, b T) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(b)))
+	return append(dst, b...)
+}
+
+// isNilKey reports whether k is nil or holds a nil pointer, which would
+// panic in Scheme or MarshalBinary.
+func isNilKey(k kem.PublicKey) bool {
+	if k == nil {
+		return true
+	}
+	v := reflect.ValueOf(k)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func:
+		return v.IsNil()
+	}
+	return false
+}
