@@ -45,7 +45,8 @@
 // leader took over; IsLeader narrows that window but cannot close it,
 // because a pause can fall between the check and the write. Only the
 // database can refuse such a write, by comparing the token the write
-// carries with the current one in the same transaction.
+// carries with the current one in the same transaction: that is what
+// [Cluster.Fence] and [Cluster.AdvanceTip] do.
 //
 // # What the database enforces
 //
@@ -54,6 +55,17 @@
 // that it belongs to the caller's unexpired term (renew and release). Two
 // nodes can therefore never both be granted the same unexpired lease, and
 // tokens are strictly increasing per lease name.
+//
+// [Cluster.Fence] checks the term inside the caller's transaction and holds
+// the lease row for share until it ends, so every committed write fenced
+// with token T commits before any acquisition of a later token. The chain
+// tips table ([Config.Chains], [Cluster.AdvanceTip]) carries triggers that
+// refuse a tip under a stale token, a tip moving backwards and deletes, in
+// SQL, whoever writes. [New] and every acquisition compare each chain's
+// table with its tip and, with [Config.WitnessFile], the database with what
+// this node saw before, so a rolled-back database is refused
+// ([ErrRollbackDetected]); [Config.VaultKeys] makes every node prove it
+// holds the same vault keys ([ErrVaultKeyDrift]).
 //
 // # Failure modes
 //
@@ -70,7 +82,8 @@
 //     and say what to do; a transient error ends leadership only when the
 //     trust window does.
 //   - Rolling back the database to an earlier snapshot can re-issue tokens
-//     that were already used; never delete or restore the lease table alone.
+//     that were already used; the chain checks and the witness file detect
+//     it. Never delete a lease row or restore the lease table alone.
 //
 // # Schema
 //

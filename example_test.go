@@ -165,3 +165,89 @@ func ExampleCluster_CurrentLeader() {
 	// forward writes to api-1 at https://api-1.example.internal:8443
 	// lease valid for up to 30s: true
 }
+
+// Fence makes the database refuse a write from a node that no longer
+// holds the lease. Call it first in the transaction that writes.
+func ExampleCluster_Fence() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER, fencing_token INTEGER)"); err != nil {
+		log.Fatal(err)
+	}
+
+	pay := func(amount int) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		token, err := c.FenceToken(ctx, tx) // held until Commit or Rollback
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO payments (amount, fencing_token) VALUES (?, ?)", amount, token); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	fmt.Println("while leading:", pay(100))
+	c.Shutdown(ctx)
+	err = pay(200)
+	fmt.Println("after losing the lease:", errors.Is(err, cluster.ErrStaleFencingToken), errors.Is(err, cluster.ErrNotLeader))
+	// Output:
+	// while leading: <nil>
+	// after losing the lease: true true
+}
+
+// AdvanceTip records a hash-chained table's new tip in the transaction that
+// appends the row; the database refuses a stale token or a tip moving
+// backwards, and New refuses a database whose table fell behind its tip.
+func ExampleCluster_AdvanceTip() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE audit (monotonic_counter INTEGER PRIMARY KEY, row_hash BLOB NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+	cfg := cluster.Config{
+		NodeID: "api-1",
+		DB:     db,
+		Chains: []cluster.Chain{{Name: "audit", Table: "audit"}}, // default columns
+	}
+	c, err := cluster.New(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	appendRow := func(counter uint64, hash string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO audit VALUES (?, ?)", counter, []byte(hash)); err != nil {
+			return err
+		}
+		if err := c.AdvanceTip(ctx, tx, "audit", counter, []byte(hash)); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	fmt.Println(appendRow(1, "h1"), appendRow(2, "h2"))
+	c.Shutdown(ctx)
+
+	// Someone deletes the newest row: the next node refuses to start.
+	db.ExecContext(ctx, "DELETE FROM audit WHERE monotonic_counter = 2")
+	cfg.NodeID = "api-2"
+	_, err = cluster.New(ctx, cfg)
+	fmt.Println(errors.Is(err, cluster.ErrRollbackDetected))
+	// Output:
+	// <nil> <nil>
+	// true
+}
