@@ -29,13 +29,6 @@ func (c *Cluster) DiscoveryHandler() http.Handler {
 	return http.HandlerFunc(c.serveDiscovery)
 }
 
-type discoveryLeader struct {
-	NodeID         string  `json:"nodeId"`
-	Endpoint       *string `json:"endpoint"`
-	FencingToken   uint64  `json:"fencingToken"`
-	LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
-}
-
 type discoverySelf struct {
 	NodeID   string  `json:"nodeId"`
 	Endpoint *string `json:"endpoint"`
@@ -43,9 +36,9 @@ type discoverySelf struct {
 }
 
 type discoveryBody struct {
-	Leader *discoveryLeader `json:"leader"`
-	Self   discoverySelf    `json:"self"`
-	Error  string           `json:"error,omitempty"`
+	Leader *Leader       `json:"leader"`
+	Self   discoverySelf `json:"self"`
+	Error  string        `json:"error,omitempty"`
 }
 
 func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
@@ -60,13 +53,7 @@ func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 		body.Error = "leader lookup failed"
 		c.log.WarnContext(r.Context(), "cluster: discovery: leader lookup failed", "err", err)
 	case l != nil:
-		exp := l.LeaseExpiresAt.UnixMilli()
-		body.Leader = &discoveryLeader{
-			NodeID:         l.NodeID,
-			Endpoint:       optional(l.Endpoint),
-			FencingToken:   l.FencingToken,
-			LeaseExpiresAt: &exp,
-		}
+		body.Leader = l
 	}
 	writeDiscovery(w, r, body)
 }
@@ -75,7 +62,7 @@ func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 func serveSingle(w http.ResponseWriter, r *http.Request, up bool) {
 	body := discoveryBody{Self: discoverySelf{NodeID: SingleNodeID, IsLeader: up}}
 	if up {
-		body.Leader = &discoveryLeader{NodeID: SingleNodeID}
+		body.Leader = &Leader{NodeID: SingleNodeID}
 	}
 	writeDiscovery(w, r, body)
 }

@@ -51,6 +51,12 @@ var errNoDatabase = fmt.Errorf("%w: Fence, AdvanceTip, Chains and vault keys nee
 // (PostgreSQL idle_in_transaction_session_timeout and lock_timeout,
 // MySQL innodb_lock_wait_timeout and wait_timeout) and with ctx. Outside a
 // transaction (tx an *sql.DB) Fence is only a check of the moment.
+//
+// On SQLite, open the database with _txlock=immediate so that a fenced
+// transaction takes the write lock when it begins; in a deferred
+// transaction a later acquisition can still commit between Fence and the
+// first write, and the stale write then fails with SQLITE_BUSY rather than
+// ErrStaleFencingToken (it still fails).
 func (c *Cluster) Fence(ctx context.Context, tx DBTX) error {
 	_, err := c.FenceToken(ctx, tx)
 	return err

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -60,15 +61,33 @@ type Lease struct {
 // Leader describes the node that holds the lease.
 type Leader struct {
 	// NodeID is the leader's [Config.NodeID].
-	NodeID string `json:"nodeId"`
+	NodeID string
 	// Endpoint is the leader's [Config.Endpoint], empty when not configured.
-	Endpoint string `json:"endpoint"`
+	Endpoint string
 	// FencingToken is the token of the leader's current term.
-	FencingToken uint64 `json:"fencingToken"`
+	FencingToken uint64
 	// LeaseExpiresAt is when the lease expires unless renewed, by the
 	// database clock. It is the zero Time in single-node mode, where the
 	// lease never expires.
-	LeaseExpiresAt time.Time `json:"-"`
+	LeaseExpiresAt time.Time
+}
+
+// MarshalJSON encodes l as the discovery handler does:
+// {"nodeId":…,"endpoint":…,"fencingToken":…,"leaseExpiresAt":…}, with the
+// expiry in unix milliseconds and null for an empty endpoint or a lease
+// that never expires.
+func (l Leader) MarshalJSON() ([]byte, error) {
+	v := struct {
+		NodeID         string  `json:"nodeId"`
+		Endpoint       *string `json:"endpoint"`
+		FencingToken   uint64  `json:"fencingToken"`
+		LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
+	}{NodeID: l.NodeID, Endpoint: optional(l.Endpoint), FencingToken: l.FencingToken}
+	if !l.LeaseExpiresAt.IsZero() {
+		ms := l.LeaseExpiresAt.UnixMilli()
+		v.LeaseExpiresAt = &ms
+	}
+	return json.Marshal(v)
 }
 
 // Initializer is an optional interface for a [Provider] that must prepare
