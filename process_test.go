@@ -1,0 +1,371 @@
+package cluster_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// Environment of a child node process.
+const (
+	envChild   = "CLUSTER_TEST_CHILD" // its node ID
+	envDriver  = "CLUSTER_TEST_CHILD_DRIVER"
+	envDSN     = "CLUSTER_TEST_CHILD_DSN"
+	envPrefix  = "CLUSTER_TEST_CHILD_PREFIX"
+	envDialect = "CLUSTER_TEST_CHILD_DIALECT"
+)
+
+// childMain runs one cluster node in this process and reports on stdout,
+// one line each: "event <kind> <token> <reason>", "resumed leader=<bool>"
+// after the process was stopped, "quiet" when writes are paused (SIGUSR1;
+// SIGUSR2 resumes them), and "bye" after a clean Shutdown on SIGTERM.
+// While it leads it appends fenced rows (seq, token, node) to <prefix>writes.
+func childMain() int {
+	id, prefix := os.Getenv(envChild), os.Getenv(envPrefix)
+	dialect := cluster.Dialect(os.Getenv(envDialect))
+	var out sync.Mutex
+	say := func(format string, args ...any) {
+		out.Lock()
+		fmt.Printf(format+"\n", args...)
+		out.Unlock()
+	}
+	fail := func(err error) int {
+		say("error %v", err)
+		return 1
+	}
+	db, err := sql.Open(os.Getenv(envDriver), os.Getenv(envDSN))
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	c, err := cluster.New(ctx, cluster.Config{
+		NodeID:            id,
+		DB:                db,
+		TablePrefix:       prefix,
+		LeaseTTL:          time.Second,
+		HeartbeatInterval: 100 * time.Millisecond,
+		FenceTimeout:      700 * time.Millisecond,
+		OnTransition: func(e cluster.Event) {
+			say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
+		},
+	})
+	if err != nil {
+		return fail(err)
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2)
+	var writing atomic.Bool
+	writing.Store(true)
+	var writeMu sync.Mutex // held for the whole of each write transaction
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+
+	// The probe: a stop shows as a gap between iterations, and the first
+	// IsLeader after it must already be false.
+	wg.Go(func() {
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			leader := c.IsLeader()
+			if gap := time.Since(last); gap > 300*time.Millisecond {
+				say("resumed leader=%v gap=%v", leader, gap.Round(time.Millisecond))
+			}
+			last = time.Now()
+		}
+	})
+	lock := " FOR UPDATE"
+	if dialect == cluster.SQLite {
+		lock = ""
+	}
+	write := func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		token, err := c.FenceToken(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var s int64
+		if err := tx.QueryRowContext(ctx, "SELECT n FROM "+prefix+"seq WHERE id = 1"+lock).Scan(&s); err != nil {
+			return err
+		}
+		s++
+		if _, err := tx.ExecContext(ctx, bind(dialect, "UPDATE "+prefix+"seq SET n = ? WHERE id = 1"), s); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, bind(dialect, "INSERT INTO "+prefix+"writes (seq, token, node) VALUES (?, ?, ?)"), s, token, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			writeMu.Lock()
+			if writing.Load() && c.IsLeader() {
+				if err := write(); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
+					say("write-error %v", err)
+				}
+			}
+			writeMu.Unlock()
+		}
+	})
+
+	for sig := range sigs {
+		switch sig {
+		case syscall.SIGUSR1:
+			writing.Store(false)
+			writeMu.Lock() // wait for a write in progress
+			writeMu.Unlock()
+			say("quiet")
+		case syscall.SIGUSR2:
+			writing.Store(true)
+		case syscall.SIGTERM:
+			close(done)
+			wg.Wait()
+			if err := c.Shutdown(ctx); err != nil {
+				return fail(err)
+			}
+			say("bye")
+			return 0
+		}
+	}
+	return 0
+}
+
+// child is a node process seen from the test.
+type child struct {
+	id    string
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	lines []string
+	more  chan struct{}
+	exit  chan error
+}
+
+func spawn(t *testing.T, tg testdb.Target, id string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		envChild+"="+id, envDriver+"="+tg.Driver, envDSN+"="+tg.DSN,
+		envPrefix+"="+tg.Prefix, envDialect+"="+string(tg.Dialect))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{id: id, cmd: cmd, more: make(chan struct{}, 1), exit: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.lines = append(c.lines, sc.Text())
+			c.mu.Unlock()
+			select {
+			case c.more <- struct{}{}:
+			default:
+			}
+		}
+		c.exit <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-c.exit
+		c.exit <- nil // for a later waiter
+		for _, l := range c.output() {
+			t.Logf("%s| %s", id, l)
+		}
+	})
+	return c
+}
+
+func (c *child) output() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.lines...)
+}
+
+// has reports the first line starting with prefix.
+func (c *child) has(prefix string) (string, bool) { return c.hasSince(prefix, 0) }
+
+// hasSince reports the first line starting with prefix among the lines
+// from the from-th on.
+func (c *child) hasSince(prefix string, from int) (string, bool) {
+	out := c.output()
+	for _, l := range out[min(from, len(out)):] {
+		if strings.HasPrefix(l, prefix) {
+			return l, true
+		}
+	}
+	return "", false
+}
+
+// mark records how many lines each child has printed, for await.
+func mark(cs ...*child) map[*child]int {
+	m := map[*child]int{}
+	for _, c := range cs {
+		m[c] = len(c.output())
+	}
+	return m
+}
+
+func (c *child) signal(t *testing.T, s syscall.Signal) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(s); err != nil {
+		t.Fatalf("signal %v to %s: %v", s, c.id, err)
+	}
+}
+
+// await waits for a line starting with prefix from any child of since,
+// printed after since was marked, and returns the child and the line.
+func await(t *testing.T, timeout time.Duration, prefix string, since map[*child]int) (*child, string) {
+	t.Helper()
+	var who *child
+	var line string
+	waitFor(t, timeout, fmt.Sprintf("%q from %d processes", prefix, len(since)), func() bool {
+		for c, from := range since {
+			if l, ok := c.hasSince(prefix, from); ok {
+				who, line = c, l
+				return true
+			}
+		}
+		return false
+	})
+	return who, line
+}
+
+// Nodes in separate processes: a leader stopped with SIGSTOP past its lease
+// sees IsLeader false at once when it resumes, a leader killed with SIGKILL
+// is replaced after the TTL, and the fenced writes of all of them commit in
+// token order.
+func TestMultiProcess(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		setup := tg.Open(t)
+		for _, q := range []string{
+			"CREATE TABLE " + tg.Prefix + "seq (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
+			"INSERT INTO " + tg.Prefix + "seq (id, n) VALUES (1, 0)",
+			"CREATE TABLE " + tg.Prefix + "writes (seq BIGINT PRIMARY KEY, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL)",
+		} {
+			if _, err := setup.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a := spawn(t, tg, "a")
+		await(t, 20*time.Second, "event lease-acquired", mark(a))
+		b, c := spawn(t, tg, "b"), spawn(t, tg, "c")
+		time.Sleep(500 * time.Millisecond)
+
+		// Pause the leader past its lease, between two writes.
+		m := mark(a)
+		a.signal(t, syscall.SIGUSR1)
+		await(t, 5*time.Second, "quiet", m)
+		m = mark(a, b, c)
+		a.signal(t, syscall.SIGSTOP)
+		stopped := time.Now()
+		second, _ := await(t, 10*time.Second, "event lease-acquired", mark(b, c))
+		time.Sleep(time.Until(stopped.Add(1500 * time.Millisecond)))
+		a.signal(t, syscall.SIGCONT)
+		if _, l := await(t, 5*time.Second, "resumed", m); !strings.HasPrefix(l, "resumed leader=false") {
+			t.Fatalf("a resumed after %v believing it led: %q", time.Since(stopped), l)
+		}
+		await(t, 5*time.Second, "event lease-lost", m)
+		a.signal(t, syscall.SIGUSR2)
+		time.Sleep(300 * time.Millisecond)
+
+		// Kill the second leader outright; another process takes over once
+		// its lease expires.
+		third := b
+		if second == b {
+			third = c
+		}
+		m = mark(third, a)
+		second.signal(t, syscall.SIGKILL)
+		killed := time.Now()
+		third, _ = await(t, 10*time.Second, "event lease-acquired", m)
+		t.Logf("%s took over %v after SIGKILL", third.id, time.Since(killed).Round(time.Millisecond))
+		time.Sleep(300 * time.Millisecond)
+
+		survivors := []*child{a, b}
+		if second == b {
+			survivors = []*child{a, c}
+		}
+		for _, ch := range survivors {
+			ch.signal(t, syscall.SIGTERM)
+			select {
+			case err := <-ch.exit:
+				ch.exit <- err
+				if err != nil {
+					t.Errorf("%s exited: %v", ch.id, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s did not exit on SIGTERM", ch.id)
+			}
+			if _, ok := ch.has("bye"); !ok {
+				t.Errorf("%s did not shut down cleanly", ch.id)
+			}
+			if l, ok := ch.has("error"); ok {
+				t.Errorf("%s: %s", ch.id, l)
+			}
+		}
+
+		rows, err := setup.QueryContext(ctx, "SELECT seq, token, node FROM "+tg.Prefix+"writes ORDER BY seq")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var last int64
+		writers := map[string]int{}
+		tokenOf := map[string]map[int64]bool{}
+		for rows.Next() {
+			var s, token int64
+			var node string
+			if err := rows.Scan(&s, &token, &node); err != nil {
+				t.Fatal(err)
+			}
+			if token < last {
+				t.Fatalf("commit %d by %s has token %d after token %d", s, node, token, last)
+			}
+			last = token
+			writers[node]++
+			if tokenOf[node] == nil {
+				tokenOf[node] = map[int64]bool{}
+			}
+			tokenOf[node][token] = true
+		}
+		t.Logf("commits by node: %v; tokens by node: %v", writers, tokenOf)
+		if len(writers) < 3 {
+			t.Fatalf("want commits from all three leaders in turn, got %v", writers)
+		}
+	})
+}
