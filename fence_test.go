@@ -15,6 +15,14 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
+// slowRenew makes a node renew every 2s, so that it goes on believing it
+// leads for a while after its lease was ended behind its back.
+func slowRenew(c *cluster.Config) {
+	c.LeaseTTL = 5 * time.Second
+	c.HeartbeatInterval = 2 * time.Second
+	c.FenceTimeout = 4 * time.Second
+}
+
 // expireLease ends the current term in the database, as the passing of its
 // TTL would while its holder is paused.
 func expireLease(t *testing.T, tg testdb.Target, db *sql.DB) {
@@ -32,11 +40,7 @@ func TestFenceRefusesStaleLeader(t *testing.T) {
 		ctx := context.Background()
 		// a renews rarely, so it keeps believing for a while after the
 		// database moved on.
-		a := start(t, tg, "a", func(c *cluster.Config) {
-			c.LeaseTTL = 5 * time.Second
-			c.HeartbeatInterval = 2 * time.Second
-			c.FenceTimeout = 4 * time.Second
-		})
+		a := start(t, tg, "a", slowRenew)
 		tx, err := a.db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -21,7 +21,8 @@ func TestTipGuardRefusesRawSQL(t *testing.T) {
 		ctx := context.Background()
 		db := tg.Open(t)
 		table := createAuditTable(t, tg, db)
-		a := startOn(t, tg, db, "a", withAudit(table))
+		// a renews rarely, so b can take over before a notices.
+		a := startOn(t, tg, db, "a", withAudit(table), slowRenew)
 		appendAudit(t, tg, a, table, 1, 3)
 		tips := tg.Prefix + "chain_tips"
 		for name, q := range map[string]string{
