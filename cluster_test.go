@@ -278,11 +278,7 @@ func TestTrustWindowEndsWithoutGoroutine(t *testing.T) {
 		<-stuck
 		return cluster.Lease{}, errors.New("unstuck")
 	}}
-	c, err := cluster.New(context.Background(), fakeConfig(t, "a", p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, p)
 	defer close(stuck)
 	if !c.IsLeader() {
 		t.Fatal("not leader after a successful first acquire")
@@ -312,20 +308,13 @@ func TestTransientRenewFailureKeepsLease(t *testing.T) {
 			return l, nil
 		}
 	}}
-	log := &eventLog{}
-	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = log.add
-	c, err := cluster.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, p)
 	waitFor(t, 3*time.Second, "the failures to be used up", func() bool { return len(failures) == 0 })
 	time.Sleep(300 * time.Millisecond)
 	if !c.IsLeader() {
 		t.Fatal("three transient renew failures ended the lease")
 	}
-	for _, e := range log.all() {
+	for _, e := range c.events.all() {
 		if e.Kind == cluster.EventLeaseLost {
 			t.Fatalf("lease-lost after transient failures: %+v", e)
 		}
@@ -346,16 +335,9 @@ func TestLeaseTakenEndsLeadership(t *testing.T) {
 			}
 		},
 	}
-	log := &eventLog{}
-	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = log.add
-	c, err := cluster.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, p)
 	close(taken)
-	e := log.wait(t, cluster.EventLeaseLost, 2*time.Second)
+	e := c.events.wait(t, cluster.EventLeaseLost, 2*time.Second)
 	if e.Reason != cluster.ReasonLeaseTaken {
 		t.Fatalf("lost event = %+v, want reason %q", e, cluster.ReasonLeaseTaken)
 	}
@@ -428,11 +410,7 @@ func TestCustomProviderErrorsAreNotFatal(t *testing.T) {
 	p := &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
 		return cluster.Lease{}, errors.New("store unavailable")
 	}}
-	c, err := cluster.New(context.Background(), fakeConfig(t, "a", p))
-	if err != nil {
-		t.Fatalf("New must not fail on a failed first acquire: %v", err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, p) // a failed first acquire does not fail New
 	if c.IsLeader() {
 		t.Fatal("leads without a lease")
 	}

@@ -107,12 +107,7 @@ func TestDiscoveryCoalescesLookups(t *testing.T) {
 			return &cluster.Leader{NodeID: "x", FencingToken: 7, LeaseExpiresAt: time.UnixMilli(1)}, nil
 		},
 	}
-	c, err := cluster.New(context.Background(), fakeConfig(t, "a", p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
-	h := c.DiscoveryHandler()
+	h := startFake(t, p).DiscoveryHandler()
 	var wg sync.WaitGroup
 	codes := make([]int, 20)
 	for i := range codes {
@@ -152,11 +147,7 @@ func TestDiscoveryCancelledRequest(t *testing.T) {
 			}
 		},
 	}
-	c, err := cluster.New(context.Background(), fakeConfig(t, "a", p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
 	var wg sync.WaitGroup

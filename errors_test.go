@@ -54,10 +54,7 @@ func TestPoolExhausted(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		db := tg.Open(t)
-		p, _ := cluster.NewDBProvider(db, "", tg.Prefix)
-		if err := p.(cluster.Initializer).Init(ctx); err != nil {
-			t.Fatal(err)
-		}
+		p := initProvider(t, tg, db)
 		db.SetMaxOpenConns(1)
 		held, err := db.Conn(ctx)
 		if err != nil {

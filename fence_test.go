@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,11 +98,7 @@ func TestFenceFollowerAndShutdown(t *testing.T) {
 
 func TestFenceNeedsDatabaseProvider(t *testing.T) {
 	t.Parallel()
-	c, err := cluster.New(context.Background(), fakeConfig(t, "a", &fakeProvider{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
+	c := startFake(t, &fakeProvider{})
 	if err := c.Fence(context.Background(), (*sql.DB)(nil)); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("Fence with a custom provider = %v", err)
 	}
@@ -115,23 +110,8 @@ func TestFenceNeedsDatabaseProvider(t *testing.T) {
 func TestFencedWritersAcrossTakeover(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
 		setup := tg.Open(t)
-		writes, seq := tg.Prefix+"writes", tg.Prefix+"seq"
-		ddl := []string{
-			"CREATE TABLE " + seq + " (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
-			"INSERT INTO " + seq + " (id, n) VALUES (1, 0)",
-			"CREATE TABLE " + writes + " (seq BIGINT PRIMARY KEY, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL)",
-		}
-		for _, q := range ddl {
-			if _, err := setup.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		lock := " FOR UPDATE"
-		if tg.Dialect == cluster.SQLite {
-			lock = "" // the write transaction is already exclusive
-		}
+		createWriteLog(t, tg, setup)
 
 		// a renews slowly, so it keeps believing it leads for a while after
 		// the database moved on; b polls fast and takes over at once.
@@ -148,31 +128,6 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 		var refused, committed atomic.Int64
 		var stop atomic.Bool
 		var wg sync.WaitGroup
-		write := func(n *node) error {
-			tx, err := n.db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			token, err := n.FenceToken(ctx, tx)
-			if err != nil {
-				return err
-			}
-			// Reading the locked counter serializes the writers: its value
-			// is the commit order.
-			var s int64
-			if err := tx.QueryRowContext(ctx, "SELECT n FROM "+seq+" WHERE id = 1"+lock).Scan(&s); err != nil {
-				return err
-			}
-			s++
-			if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+seq+" SET n = ? WHERE id = 1"), s); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+writes+" (seq, token, node) VALUES (?, ?, ?)"), s, token, n.NodeID()); err != nil {
-				return err
-			}
-			return tx.Commit()
-		}
 		for _, n := range []*node{a, a, b, b} {
 			wg.Go(func() {
 				for !stop.Load() {
@@ -180,17 +135,15 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 						time.Sleep(time.Millisecond)
 						continue
 					}
-					err := write(n)
+					err := fencedWrite(context.Background(), n.db, n.FenceToken, tg.Dialect, tg.Prefix, n.NodeID())
 					time.Sleep(time.Millisecond) // leave the lease row a chance
 					switch {
 					case err == nil:
 						committed.Add(1)
 					case errors.Is(err, cluster.ErrStaleFencingToken):
 						refused.Add(1)
-					default:
-						// Lock timeouts, busy files and the like: retried.
-						time.Sleep(time.Millisecond)
 					}
+					// Other errors (lock timeouts, a busy file) are retried.
 				}
 			})
 		}
@@ -202,32 +155,9 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 		stop.Store(true)
 		wg.Wait()
 
-		rows, err := setup.QueryContext(ctx, "SELECT seq, token, node FROM "+writes+" ORDER BY seq")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		type rec struct {
-			seq, token int64
-			node       string
-		}
-		var recs []rec
-		for rows.Next() {
-			var r rec
-			if err := rows.Scan(&r.seq, &r.token, &r.node); err != nil {
-				t.Fatal(err)
-			}
-			recs = append(recs, r)
-		}
-		if !sort.SliceIsSorted(recs, func(i, j int) bool { return recs[i].seq < recs[j].seq }) {
-			t.Fatal("rows out of order")
-		}
 		byNode := map[string]int{}
-		for i, r := range recs {
-			byNode[r.node]++
-			if i > 0 && r.token < recs[i-1].token {
-				t.Fatalf("commit %d has token %d after commit %d with token %d", r.seq, r.token, recs[i-1].seq, recs[i-1].token)
-			}
+		for _, w := range readWriteLog(t, tg, setup) {
+			byNode[w.node]++
 		}
 		t.Logf("%d committed (%v), %d stale writes refused by the database", committed.Load(), byNode, refused.Load())
 		if byNode["a"] == 0 || byNode["b"] == 0 {

@@ -181,6 +181,21 @@ func (f *fakeProvider) Leader(ctx context.Context, name string) (*cluster.Leader
 	return f.LeaderFunc(ctx, name)
 }
 
+// startFake starts a node over the fake provider p, shut down when the
+// test ends.
+func startFake(t *testing.T, p cluster.Provider) *node {
+	t.Helper()
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", p)
+	cfg.OnTransition = log.add
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	return &node{Cluster: c, events: log}
+}
+
 // fakeConfig is a configuration with short timings over p.
 func fakeConfig(t *testing.T, id string, p cluster.Provider) cluster.Config {
 	return cluster.Config{

@@ -85,3 +85,81 @@ func withAudit(table string) func(*cluster.Config) {
 		c.Chains = []cluster.Chain{{Name: "audit", Table: table}}
 	}
 }
+
+// createWriteLog creates <prefix>seq, a one-row counter, and <prefix>writes,
+// where fencedWrite appends (seq, token, node) rows.
+func createWriteLog(t *testing.T, tg testdb.Target, db *sql.DB) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE " + tg.Prefix + "seq (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
+		"INSERT INTO " + tg.Prefix + "seq (id, n) VALUES (1, 0)",
+		"CREATE TABLE " + tg.Prefix + "writes (seq BIGINT PRIMARY KEY, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL)",
+	} {
+		if _, err := db.ExecContext(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fencedWrite appends one row to the write log in a transaction fenced by
+// fence. The row's seq comes from the locked counter row, so seq order is
+// commit order; its token is the one fence verified.
+func fencedWrite(ctx context.Context, db *sql.DB, fence func(context.Context, cluster.DBTX) (uint64, error), d cluster.Dialect, prefix, node string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	token, err := fence(ctx, tx)
+	if err != nil {
+		return err
+	}
+	lock := " FOR UPDATE"
+	if d == cluster.SQLite {
+		lock = "" // the write transaction is already exclusive
+	}
+	var s int64
+	if err := tx.QueryRowContext(ctx, "SELECT n FROM "+prefix+"seq WHERE id = 1"+lock).Scan(&s); err != nil {
+		return err
+	}
+	s++
+	if _, err := tx.ExecContext(ctx, bind(d, "UPDATE "+prefix+"seq SET n = ? WHERE id = 1"), s); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"writes (seq, token, node) VALUES (?, ?, ?)"), s, token, node); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// writeLog is a row of the write log.
+type writeLog struct {
+	seq, token int64
+	node       string
+}
+
+// readWriteLog returns the write log in commit order, failing the test if
+// a token ever decreases along it.
+func readWriteLog(t *testing.T, tg testdb.Target, db *sql.DB) []writeLog {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), "SELECT seq, token, node FROM "+tg.Prefix+"writes ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []writeLog
+	for rows.Next() {
+		var w writeLog
+		if err := rows.Scan(&w.seq, &w.token, &w.node); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(out); n > 0 && w.token < out[n-1].token {
+			t.Fatalf("commit %d by %s has token %d after commit %d with token %d", w.seq, w.node, w.token, out[n-1].seq, out[n-1].token)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -93,33 +93,6 @@ func childMain() int {
 			last = time.Now()
 		}
 	})
-	lock := " FOR UPDATE"
-	if dialect == cluster.SQLite {
-		lock = ""
-	}
-	write := func() error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
-		token, err := c.FenceToken(ctx, tx)
-		if err != nil {
-			return err
-		}
-		var s int64
-		if err := tx.QueryRowContext(ctx, "SELECT n FROM "+prefix+"seq WHERE id = 1"+lock).Scan(&s); err != nil {
-			return err
-		}
-		s++
-		if _, err := tx.ExecContext(ctx, bind(dialect, "UPDATE "+prefix+"seq SET n = ? WHERE id = 1"), s); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, bind(dialect, "INSERT INTO "+prefix+"writes (seq, token, node) VALUES (?, ?, ?)"), s, token, id); err != nil {
-			return err
-		}
-		return tx.Commit()
-	}
 	wg.Go(func() {
 		for {
 			select {
@@ -129,7 +102,7 @@ func childMain() int {
 			}
 			writeMu.Lock()
 			if writing.Load() && c.IsLeader() {
-				if err := write(); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
+				if err := fencedWrite(ctx, db, c.FenceToken, dialect, prefix, id); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
 					say("write-error %v", err)
 				}
 			}
@@ -270,17 +243,8 @@ func await(t *testing.T, timeout time.Duration, prefix string, since map[*child]
 func TestMultiProcess(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
 		setup := tg.Open(t)
-		for _, q := range []string{
-			"CREATE TABLE " + tg.Prefix + "seq (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
-			"INSERT INTO " + tg.Prefix + "seq (id, n) VALUES (1, 0)",
-			"CREATE TABLE " + tg.Prefix + "writes (seq BIGINT PRIMARY KEY, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL)",
-		} {
-			if _, err := setup.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
+		createWriteLog(t, tg, setup)
 		a := spawn(t, tg, "a")
 		await(t, 20*time.Second, "event lease-acquired", mark(a))
 		b, c := spawn(t, tg, "b"), spawn(t, tg, "c")
@@ -339,29 +303,14 @@ func TestMultiProcess(t *testing.T) {
 			}
 		}
 
-		rows, err := setup.QueryContext(ctx, "SELECT seq, token, node FROM "+tg.Prefix+"writes ORDER BY seq")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var last int64
 		writers := map[string]int{}
 		tokenOf := map[string]map[int64]bool{}
-		for rows.Next() {
-			var s, token int64
-			var node string
-			if err := rows.Scan(&s, &token, &node); err != nil {
-				t.Fatal(err)
+		for _, w := range readWriteLog(t, tg, setup) {
+			writers[w.node]++
+			if tokenOf[w.node] == nil {
+				tokenOf[w.node] = map[int64]bool{}
 			}
-			if token < last {
-				t.Fatalf("commit %d by %s has token %d after token %d", s, node, token, last)
-			}
-			last = token
-			writers[node]++
-			if tokenOf[node] == nil {
-				tokenOf[node] = map[int64]bool{}
-			}
-			tokenOf[node][token] = true
+			tokenOf[w.node][w.token] = true
 		}
 		t.Logf("commits by node: %v; tokens by node: %v", writers, tokenOf)
 		if len(writers) < 3 {

@@ -213,6 +213,16 @@ func (p *dbProvider) applySchema(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
+// isBusy reports SQLite's SQLITE_BUSY and SQLITE_LOCKED.
+func (p *dbProvider) isBusy(err error) bool {
+	var lite interface{ Code() int }
+	if p.dialect != SQLite || !errors.As(err, &lite) {
+		return false
+	}
+	code := lite.Code() & 0xff
+	return code == 5 || code == 6
+}
+
 // triggerExists reports MySQL's error for CREATE TRIGGER of an existing
 // trigger, which schema creation keeps rather than drop: MySQL DDL is not
 // transactional, so a drop would leave a moment without the guard.
@@ -243,6 +253,17 @@ func (p *dbProvider) bind(q string) string {
 // from a slow query.
 func (p *dbProvider) conn(ctx context.Context) (*sql.Conn, error) {
 	conn, err := p.db.Conn(ctx)
+	// Opening a SQLite connection runs the DSN's pragmas; one that changes
+	// the journal mode fails with SQLITE_BUSY, without waiting for the busy
+	// timeout, while another node opens the same file. It is transient.
+	for delay := 5 * time.Millisecond; err != nil && p.isBusy(err); delay = min(2*delay, 100*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return nil, p.wrap("connect", err)
+		case <-time.After(delay):
+		}
+		conn, err = p.db.Conn(ctx)
+	}
 	if err == nil {
 		return conn, nil
 	}

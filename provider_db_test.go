@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -12,6 +13,19 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
+// initProvider returns the default provider over db, its tables created.
+func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) cluster.Provider {
+	t.Helper()
+	p, err := cluster.NewDBProvider(db, "", tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.(cluster.Initializer).Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestDBProviderConformance(t *testing.T) {
 	t.Parallel()
 	for _, d := range testdb.Dialects {
@@ -19,16 +33,7 @@ func TestDBProviderConformance(t *testing.T) {
 			t.Parallel()
 			providertest.Run(t, func(t *testing.T) func() cluster.Provider {
 				tg := testdb.New(t, d)
-				return func() cluster.Provider {
-					p, err := cluster.NewDBProvider(tg.Open(t), "", tg.Prefix)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := p.(cluster.Initializer).Init(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-					return p
-				}
+				return func() cluster.Provider { return initProvider(t, tg, tg.Open(t)) }
 			})
 		})
 	}
@@ -64,10 +69,7 @@ func TestSchemaNewerVersionRefused(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		db := tg.Open(t)
-		p, _ := cluster.NewDBProvider(db, "", tg.Prefix)
-		if err := p.(cluster.Initializer).Init(ctx); err != nil {
-			t.Fatal(err)
-		}
+		p := initProvider(t, tg, db)
 		q := "INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (99, 0)"
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
@@ -84,10 +86,7 @@ func TestMissingTableIsSchemaError(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		db := tg.Open(t)
-		p, _ := cluster.NewDBProvider(db, "", tg.Prefix)
-		if err := p.(cluster.Initializer).Init(ctx); err != nil {
-			t.Fatal(err)
-		}
+		p := initProvider(t, tg, db)
 		if _, err := db.ExecContext(ctx, "DROP TABLE "+tg.Prefix+"lease"); err != nil {
 			t.Fatal(err)
 		}
