@@ -55,8 +55,10 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	if start >= until {
 		return c.selfFence(ctx, t)
 	}
-	// The call must end before the window does.
-	rctx, cancel := context.WithTimeout(ctx, time.Duration(until-start))
+	// The call must end before the window does, with time to spare for
+	// acting on its outcome.
+	left := time.Duration(until - start)
+	rctx, cancel := context.WithTimeout(ctx, left-left/10)
 	_, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL)
 	cancel()
 	now := mono()

@@ -329,53 +329,41 @@ func (p *dbProvider) readRow(ctx context.Context, conn *sql.Conn, name string, r
 		Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 }
 
-// lockRow begins a transaction on conn and locks the lease row, creating a
-// free one first if there is none.
-func (p *dbProvider) lockRow(ctx context.Context, conn *sql.Conn, name string) (*sql.Tx, row, error) {
+// acquireMySQL grants a term with one UPDATE, then reads the row: for the
+// expiry of the term granted, or for who holds the lease.
+func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req LeaseRequest) (bool, row, error) {
 	var r row
 	for attempt := 0; ; attempt++ {
-		tx, err := conn.BeginTx(ctx, nil)
+		res, err := conn.ExecContext(ctx, p.q["acquire"], req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name)
 		if err != nil {
-			return nil, r, err
+			return false, r, err
 		}
-		err = tx.QueryRowContext(ctx, p.q["lock_row"], name).
-			Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
-		if err == nil {
-			return tx, r, nil
+		n, err := res.RowsAffected()
+		if err != nil {
+			return false, r, err
 		}
-		tx.Rollback()
-		if !errors.Is(err, sql.ErrNoRows) || attempt > 0 {
-			return nil, r, err
+		var token int64
+		if n == 1 {
+			if token, err = res.LastInsertId(); err != nil {
+				return false, r, err
+			}
 		}
-		// Outside the transaction, so two nodes creating the row at once do
-		// not deadlock on gap locks.
-		if _, err := conn.ExecContext(ctx, p.q["insert_row"], name); err != nil {
-			return nil, r, err
+		err = p.readRow(ctx, conn, req.Name, &r)
+		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
+			// No row yet: create a free one and try again.
+			if _, err := conn.ExecContext(ctx, p.q["insert_row"], req.Name); err != nil {
+				return false, r, err
+			}
+			continue
 		}
+		if err != nil {
+			return false, r, err
+		}
+		// The row still shows our term unless it already expired and was
+		// taken, in which case we report who took it.
+		granted := n == 1 && r.instance == req.Instance && r.token == token
+		return granted, r, nil
 	}
-}
-
-func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req LeaseRequest) (bool, row, error) {
-	tx, r, err := p.lockRow(ctx, conn, req.Name)
-	if err != nil {
-		return false, r, err
-	}
-	defer tx.Rollback()
-	if r.expiresAt > r.now {
-		return false, r, tx.Commit()
-	}
-	res, err := tx.ExecContext(ctx, p.q["grant"], req.Holder, req.Instance, r.now, r.now, r.now+req.TTL.Milliseconds(), req.Endpoint, req.Name, r.token)
-	if err != nil {
-		return false, r, err
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return false, r, fmt.Errorf("grant updated %d rows, want 1 (err %v)", n, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return false, r, err
-	}
-	return true, row{holder: req.Holder, instance: req.Instance, endpoint: req.Endpoint,
-		token: r.token + 1, expiresAt: r.now + req.TTL.Milliseconds(), now: r.now}, nil
 }
 
 // Renew implements [Provider].
@@ -402,20 +390,19 @@ func (p *dbProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	return l, nil
 }
 
+// renewMySQL extends the term with one UPDATE; LAST_INSERT_ID carries the
+// new expiry back.
 func (p *dbProvider) renewMySQL(ctx context.Context, conn *sql.Conn, l Lease, ttl time.Duration) (int64, error) {
-	tx, r, err := p.lockRow(ctx, conn, l.Name)
+	res, err := conn.ExecContext(ctx, p.q["renew"], ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback()
-	if r.holder != l.Holder || r.instance != l.Instance || r.token != int64(l.FencingToken) || r.expiresAt <= r.now {
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, err
+	} else if n != 1 {
 		return 0, sql.ErrNoRows
 	}
-	expires := r.now + ttl.Milliseconds()
-	if _, err := tx.ExecContext(ctx, p.q["extend"], r.now, expires, l.Name, l.Instance, r.token); err != nil {
-		return 0, err
-	}
-	return expires, tx.Commit()
+	return res.LastInsertId()
 }
 
 // Release implements [Provider].

@@ -1,9 +1,8 @@
 -- Queries of the default provider on MySQL and MariaDB. Each starts at a
 -- "-- name:" line; the same name does the same thing in every dialect.
--- MySQL has no UPDATE ... RETURNING, so acquire and renew run in a
--- transaction: lock_row locks the lease row, Go decides, grant or extend
--- writes it. UTC_TIMESTAMP(6) is one instant per statement and does not
--- depend on the session time zone.
+-- MySQL has no UPDATE ... RETURNING: acquire and renew report through the
+-- affected-row count and LAST_INSERT_ID(expr). UTC_TIMESTAMP(6) is one
+-- instant per statement and does not depend on the session time zone.
 
 -- name: insert_row
 -- ? name. Creates a free lease row if there is none.
@@ -12,23 +11,30 @@ INSERT INTO {{prefix}}lease
 VALUES (?, '', '', 0, 0, 0, 0, '')
 ON DUPLICATE KEY UPDATE name = name;
 
--- name: lock_row
--- ? name.
-SELECT holder, instance, fencing_token, expires_at, endpoint,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
-FROM {{prefix}}lease WHERE name = ? FOR UPDATE;
-
--- name: grant
--- holder, instance, acquired_at, renewed_at, expires_at, endpoint, name, old fencing token.
+-- name: acquire
+-- holder, instance, ttl ms, endpoint, name.
+-- Grants a new term if the lease is free or expired. One statement, so no
+-- lock outlives it even if the client vanishes. LAST_INSERT_ID(expr) hands
+-- the new token back in the OK packet (sql.Result.LastInsertId).
 UPDATE {{prefix}}lease
-SET holder = ?, instance = ?, fencing_token = fencing_token + 1,
-    acquired_at = ?, renewed_at = ?, expires_at = ?, endpoint = ?
-WHERE name = ? AND fencing_token = ?;
+SET holder        = ?,
+    instance      = ?,
+    fencing_token = LAST_INSERT_ID(fencing_token + 1),
+    acquired_at   = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    renewed_at    = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    expires_at    = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?,
+    endpoint      = ?
+WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
--- name: extend
--- renewed_at, expires_at, name, instance, fencing token.
-UPDATE {{prefix}}lease SET renewed_at = ?, expires_at = ?
-WHERE name = ? AND instance = ? AND fencing_token = ?;
+-- name: renew
+-- ttl ms, name, holder, instance, fencing token.
+-- renewed_at always grows, so a matched row always counts as changed;
+-- LAST_INSERT_ID(expr) hands the new expiry back.
+UPDATE {{prefix}}lease
+SET renewed_at = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
+    expires_at = LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?)
+WHERE name = ? AND holder = ? AND instance = ? AND fencing_token = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: release
 -- name, holder, instance, fencing token, fencing token (0: any term of the instance).
