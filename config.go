@@ -274,7 +274,8 @@ func (c *Config) resolveVaultKeys() error {
 	case len(c.VaultKeys) > 0:
 		fp, err := VaultKeyFingerprint(c.VaultKeys...)
 		if err != nil {
-			return configErrorf("VaultKeys: %v", err)
+			msg := strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": ")
+			return configErrorf("VaultKeys: %s", strings.TrimPrefix(msg, "cluster: "))
 		}
 		c.VaultKeyFingerprint = fp
 	case c.VaultKeyFingerprint != "" && !ValidVaultKeyFingerprint(c.VaultKeyFingerprint):
