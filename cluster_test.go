@@ -2,8 +2,13 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,7 +150,11 @@ func TestSameNodeIDTwice(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		first := start(t, tg, "dup")
-		second := start(t, tg, "dup")
+		var logged strings.Builder
+		var mu sync.Mutex
+		second := start(t, tg, "dup", func(c *cluster.Config) {
+			c.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
+		})
 		watchSingleLeader(t, first, second)
 		if !first.IsLeader() {
 			t.Fatal("first process does not lead")
@@ -162,12 +171,79 @@ func TestSameNodeIDTwice(t *testing.T) {
 		if !first.IsLeader() || first.FencingToken() != token {
 			t.Fatalf("first process lost its term (token %d, was %d)", first.FencingToken(), token)
 		}
+		mu.Lock()
+		warned := strings.Count(logged.String(), "another process with this node id holds the lease")
+		mu.Unlock()
+		if warned != 1 {
+			t.Fatalf("the duplicate node id was logged %d times, want once", warned)
+		}
 		first.Shutdown(context.Background())
 		waitFor(t, 3*time.Second, "second to lead", second.IsLeader)
 		if second.FencingToken() <= token {
 			t.Fatalf("second got token %d, want above %d", second.FencingToken(), token)
 		}
 	})
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// A follower wakes when the holder's lease expires by the database clock,
+// not up to a heartbeat later.
+func TestFollowerWakesAtExpiry(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		slowPoll := func(c *cluster.Config) {
+			c.LeaseTTL = 1500 * time.Millisecond
+			c.HeartbeatInterval = 600 * time.Millisecond
+			c.FenceTimeout = 900 * time.Millisecond
+		}
+		a := start(t, tg, "a", slowPoll)
+		b := start(t, tg, "b", slowPoll)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		// Crash a right after a renew, so its lease has a full TTL left.
+		var last time.Time
+		for i := 0; ; i++ {
+			before := readLease(t, tg, b.db)
+			time.Sleep(5 * time.Millisecond)
+			if after := readLease(t, tg, b.db); after.renewed != before.renewed {
+				last = time.Now()
+				a.db.Close()
+				break
+			}
+			if i > 1000 {
+				t.Fatal("a never renewed")
+			}
+		}
+		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
+		took := time.Since(last)
+		t.Logf("takeover %v after the last renew (TTL 1.5s, heartbeat 600ms)", took.Round(time.Millisecond))
+		if took > 1500*time.Millisecond+300*time.Millisecond {
+			t.Fatalf("b took over %v after the last renew; polling once a heartbeat would explain up to %v", took, 2100*time.Millisecond)
+		}
+	})
+}
+
+type leaseRow struct{ renewed, expires int64 }
+
+func readLease(t *testing.T, tg testdb.Target, db *sql.DB) leaseRow {
+	t.Helper()
+	var r leaseRow
+	if err := db.QueryRow("SELECT renewed_at, expires_at FROM "+tg.Prefix+"lease").Scan(&r.renewed, &r.expires); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func TestFollowerNeverLeads(t *testing.T) {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -109,4 +112,35 @@ func TestConfigUnknownDriver(t *testing.T) {
 	if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "set Dialect") {
 		t.Fatalf("Validate() = %v, want advice to set Dialect", err)
 	}
+}
+
+// Whatever the input, Validate never panics, and what it accepts is safe
+// to store in the lease row and to use in SQL.
+func FuzzConfigValidate(f *testing.F) {
+	f.Add("node-1", "https://node-1.internal:8443", "cluster_", "leader")
+	f.Add("", "http://x", "Cluster", "")
+	f.Add("n\x00", "https://u@h/#f", "a;drop", "l\n")
+	f.Add("nœud", "https://[::1]:8443/p?q=1", "_x9", "élection")
+	f.Fuzz(func(t *testing.T, nodeID, endpoint, prefix, lease string) {
+		cfg := cluster.Config{NodeID: nodeID, Endpoint: endpoint, TablePrefix: prefix, LeaseName: lease, Provider: &fakeProvider{}}
+		err := cfg.Validate()
+		if err != nil {
+			if !errors.Is(err, cluster.ErrInvalidConfig) {
+				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
+			}
+			return
+		}
+		if !utf8.ValidString(nodeID) || strings.ContainsAny(nodeID, "\x00\n\r\t") || len(nodeID) > 255 {
+			t.Fatalf("accepted NodeID %q", nodeID)
+		}
+		if prefix != "" && !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`).MatchString(prefix) {
+			t.Fatalf("accepted TablePrefix %q", prefix)
+		}
+		if endpoint != "" {
+			u, err := url.Parse(endpoint)
+			if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil || strings.ContainsAny(endpoint, "#\r\n ") {
+				t.Fatalf("accepted Endpoint %q", endpoint)
+			}
+		}
+	})
 }
