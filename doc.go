@@ -54,7 +54,8 @@
 // by the database clock, that the lease is free or expired (acquire) or
 // that it belongs to the caller's unexpired term (renew and release). Two
 // nodes can therefore never both be granted the same unexpired lease, and
-// tokens are strictly increasing per lease name.
+// tokens are strictly increasing per lease name; a trigger refuses lowering
+// a token or deleting a lease row.
 //
 // [Cluster.Fence] checks the term inside the caller's transaction and holds
 // the lease row for share until it ends, so every committed write fenced
@@ -83,7 +84,7 @@
 //     trust window does.
 //   - Rolling back the database to an earlier snapshot can re-issue tokens
 //     that were already used; the chain checks and the witness file detect
-//     it. Never delete a lease row or restore the lease table alone.
+//     it.
 //
 // # Schema
 //

@@ -344,7 +344,7 @@ func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req Lease
 		}
 		var token int64
 		if n == 1 {
-			if token, err = res.LastInsertId(); err != nil {
+			if err := conn.QueryRowContext(ctx, p.q["last_insert_id"]).Scan(&token); err != nil {
 				return false, r, err
 			}
 		}
@@ -390,8 +390,8 @@ func (p *dbProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	return l, nil
 }
 
-// renewMySQL extends the term with one UPDATE; LAST_INSERT_ID carries the
-// new expiry back.
+// renewMySQL extends the term with one UPDATE, then reads the new expiry
+// that the UPDATE left in LAST_INSERT_ID.
 func (p *dbProvider) renewMySQL(ctx context.Context, conn *sql.Conn, l Lease, ttl time.Duration) (int64, error) {
 	res, err := conn.ExecContext(ctx, p.q["renew"], ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	if err != nil {
@@ -402,7 +402,9 @@ func (p *dbProvider) renewMySQL(ctx context.Context, conn *sql.Conn, l Lease, tt
 	} else if n != 1 {
 		return 0, sql.ErrNoRows
 	}
-	return res.LastInsertId()
+	var expires int64
+	err = conn.QueryRowContext(ctx, p.q["last_insert_id"]).Scan(&expires)
+	return expires, err
 }
 
 // Release implements [Provider].

@@ -14,8 +14,9 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// The tip table's triggers refuse, in SQL, what AdvanceTip refuses.
-func TestTipGuardRefusesRawSQL(t *testing.T) {
+// The guard triggers refuse, in SQL, what AdvanceTip refuses, and any
+// change that would let a fencing token go back.
+func TestGuardsRefuseRawSQL(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
@@ -32,6 +33,9 @@ func TestTipGuardRefusesRawSQL(t *testing.T) {
 			"delete":              "DELETE FROM " + tips,
 			"insert future token": "INSERT INTO " + tips + " (scope, lease_name, at_counter, row_hash, fencing_token, updated_at) VALUES ('other', 'leader', 1, 'x', 9, 0)",
 			"insert unknown name": "INSERT INTO " + tips + " (scope, lease_name, at_counter, row_hash, fencing_token, updated_at) VALUES ('other', 'nope', 1, 'x', 1, 0)",
+			"lower lease token":   "UPDATE " + tg.Prefix + "lease SET fencing_token = fencing_token - 1",
+			"reset lease token":   "UPDATE " + tg.Prefix + "lease SET fencing_token = 0, expires_at = 0",
+			"delete lease":        "DELETE FROM " + tg.Prefix + "lease",
 		} {
 			if _, err := db.ExecContext(ctx, q); err == nil {
 				t.Errorf("%s: raw SQL was accepted: %s", name, q)
@@ -206,6 +210,9 @@ func TestWitnessDetectsRestore(t *testing.T) {
 		a := startOn(t, tg, db, "a", withWitness)
 		first := a.FencingToken()
 		a.Shutdown(ctx)
+		if _, err := db.ExecContext(ctx, "CREATE TABLE "+tg.Prefix+"snapshot AS SELECT * FROM "+tg.Prefix+"lease"); err != nil {
+			t.Fatal(err)
+		}
 
 		a2 := startOn(t, tg, db, "a", withWitness)
 		if a2.FencingToken() <= first {
@@ -217,9 +224,16 @@ func TestWitnessDetectsRestore(t *testing.T) {
 			t.Fatalf("witness file: %q, %v", b, err)
 		}
 
-		// The "restore": the lease row goes back to the first term.
-		if _, err := db.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"lease SET fencing_token = ?, expires_at = 0"), first); err != nil {
-			t.Fatal(err)
+		// The "restore": the lease table comes back from a snapshot taken
+		// during the first term (its guard triggers refuse lowering a token
+		// in place, so restoring is the way tokens go back).
+		for _, q := range []string{
+			"DROP TABLE " + tg.Prefix + "lease",
+			"CREATE TABLE " + tg.Prefix + "lease AS SELECT * FROM " + tg.Prefix + "snapshot",
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
 		}
 		cfg := tg.Config(t, tg.Open(t), "a")
 		withWitness(&cfg)

@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
--- Never delete a row: that would restart its tokens at 1.
+-- The guard trigger (version 2) refuses deleting a row, which would
+-- restart its tokens at 1, and lowering a token.
 CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     name          VARCHAR(128)  NOT NULL PRIMARY KEY,
     holder        VARCHAR(255)  NOT NULL,
@@ -23,13 +24,31 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     CONSTRAINT {{prefix}}lease_token_nonneg CHECK (fencing_token >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- Version 2: chain tips and cluster state.
+-- Version 2: a guard on the lease row, chain tips and cluster state.
+
+-- Fencing tokens must never go back: refuse lowering one, and deleting a
+-- lease row, which would restart its tokens at 1. An existing trigger
+-- (error 1359) is kept: MySQL DDL is not transactional, so dropping and
+-- recreating would leave a moment without the guard.
+-- (With binary logging on, creating triggers needs the TRIGGER privilege and
+-- SUPER or log_bin_trust_function_creators=1.)
+CREATE TRIGGER {{prefix}}lease_guard_update
+BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: a fencing token may not go back';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lease_guard_delete
+BEFORE DELETE ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'sqlfence: a lease may not be deleted: its fencing tokens would start again at 1';
+END;
 
 -- The recorded tip of each hash-chained table. The guard triggers below make
 -- the database itself refuse a tip written under a stale fencing token or
 -- moving backwards, so a paused old leader cannot extend a chain.
--- (With binary logging on, creating triggers needs the TRIGGER privilege and
--- SUPER or log_bin_trust_function_creators=1.)
 CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     scope         VARCHAR(128)   NOT NULL PRIMARY KEY,
     lease_name    VARCHAR(128)   NOT NULL,
@@ -41,8 +60,6 @@ CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     CONSTRAINT {{prefix}}chain_tips_token_pos CHECK (fencing_token > 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- An existing trigger (error 1359) is kept: MySQL DDL is not transactional,
--- so dropping and recreating would leave a moment without the guard.
 CREATE TRIGGER {{prefix}}chain_tips_guard_insert
 BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN

@@ -14,8 +14,9 @@ ON DUPLICATE KEY UPDATE name = name;
 -- name: acquire
 -- holder, instance, ttl ms, endpoint, name.
 -- Grants a new term if the lease is free or expired. One statement, so no
--- lock outlives it even if the client vanishes. LAST_INSERT_ID(expr) hands
--- the new token back in the OK packet (sql.Result.LastInsertId).
+-- lock outlives it even if the client vanishes. LAST_INSERT_ID(expr) keeps
+-- the new token in the session for last_insert_id to read (the OK packet's
+-- copy is not reliable when the table has triggers).
 UPDATE {{prefix}}lease
 SET holder        = ?,
     instance      = ?,
@@ -29,12 +30,16 @@ WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00
 -- name: renew
 -- ttl ms, name, holder, instance, fencing token.
 -- renewed_at always grows, so a matched row always counts as changed;
--- LAST_INSERT_ID(expr) hands the new expiry back.
+-- LAST_INSERT_ID(expr) keeps the new expiry for last_insert_id to read.
 UPDATE {{prefix}}lease
 SET renewed_at = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
     expires_at = LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?)
 WHERE name = ? AND holder = ? AND instance = ? AND fencing_token = ?
   AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: last_insert_id
+-- The value of the session's last LAST_INSERT_ID(expr).
+SELECT LAST_INSERT_ID();
 
 -- name: release
 -- name, holder, instance, fencing token, fencing token (0: any term of the instance).

@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
--- Never delete a row: that would restart its tokens at 1.
+-- The guard trigger (version 2) refuses deleting a row, which would
+-- restart its tokens at 1, and lowering a token.
 CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     name          TEXT   PRIMARY KEY,
     holder        TEXT   NOT NULL,
@@ -22,7 +23,30 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     endpoint      TEXT   NOT NULL DEFAULT ''
 );
 
--- Version 2: chain tips and cluster state.
+-- Version 2: a guard on the lease row, chain tips and cluster state.
+
+-- Fencing tokens must never go back: refuse lowering one, and deleting a
+-- lease row, which would restart its tokens at 1.
+CREATE OR REPLACE FUNCTION {{prefix}}lease_guard() RETURNS trigger
+LANGUAGE plpgsql AS $guard$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'sqlfence: lease % may not be deleted: its fencing tokens would start again at 1',
+            OLD.name USING ERRCODE = 'SF004';
+    END IF;
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        RAISE EXCEPTION 'sqlfence: the fencing token of lease % may not go back from % to %',
+            OLD.name, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF004';
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_guard ON {{prefix}}lease;
+
+CREATE TRIGGER {{prefix}}lease_guard
+    BEFORE UPDATE OR DELETE ON {{prefix}}lease
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}lease_guard();
 
 -- The recorded tip of each hash-chained table. The guard trigger below makes
 -- the database itself refuse a tip written under a stale fencing token or

@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
--- Never delete a row: that would restart its tokens at 1.
+-- The guard trigger (version 2) refuses deleting a row, which would
+-- restart its tokens at 1, and lowering a token.
 CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     name          TEXT    NOT NULL PRIMARY KEY,
     holder        TEXT    NOT NULL,
@@ -22,7 +23,22 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     endpoint      TEXT    NOT NULL DEFAULT ''
 );
 
--- Version 2: chain tips and cluster state.
+-- Version 2: a guard on the lease row, chain tips and cluster state.
+
+-- Fencing tokens must never go back: refuse lowering one, and deleting a
+-- lease row, which would restart its tokens at 1.
+CREATE TRIGGER IF NOT EXISTS {{prefix}}lease_guard_update
+BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
+WHEN NEW.fencing_token < OLD.fencing_token
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence: a fencing token may not go back');
+END;
+
+CREATE TRIGGER IF NOT EXISTS {{prefix}}lease_guard_delete
+BEFORE DELETE ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence: a lease may not be deleted: its fencing tokens would start again at 1');
+END;
 
 -- The recorded tip of each hash-chained table. The guard triggers below make
 -- the database itself refuse a tip written under a stale fencing token or
