@@ -60,6 +60,9 @@ func TestSingleNodeMode(t *testing.T) {
 	if self := body["self"].(map[string]any); self["isLeader"] != true || self["nodeId"] != SingleNodeID {
 		t.Fatalf("self = %v", self)
 	}
+	if token, err := FenceToken(context.Background(), nil); token != 0 || err != nil {
+		t.Fatalf("FenceToken in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
+	}
 	OnTransition(func(Event) { t.Error("a transition in single-node mode") })
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Fatalf("single-node mode started %d goroutines", n-goroutines)
@@ -73,6 +76,9 @@ func TestSingleNodeMode(t *testing.T) {
 	}
 	if err := RequireLeader(); !errors.Is(err, ErrNotLeader) || HTTPStatus(err) != http.StatusServiceUnavailable {
 		t.Fatalf("RequireLeader after Shutdown = %v", err)
+	}
+	if err := Fence(context.Background(), nil); !errors.Is(err, ErrStaleFencingToken) {
+		t.Fatalf("Fence after Shutdown = %v", err)
 	}
 	if code, body := discover(t); code != http.StatusServiceUnavailable || body["leader"] != nil {
 		t.Fatalf("discovery after Shutdown: %d %v", code, body)

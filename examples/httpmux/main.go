@@ -112,10 +112,31 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "item is required, at most 200 bytes", http.StatusBadRequest)
 		return
 	}
-	// Record the term the write was made under; the fenced writes of the
-	// cluster package let the database itself refuse a stale term.
-	res, err := s.db.ExecContext(r.Context(), "INSERT INTO orders (item, fencing_token, node) VALUES (?, ?, ?)",
-		item, cluster.FencingToken(), cluster.CurrentNodeID())
+	// Fence the write: the database refuses it if this node lost the lease
+	// since RequireLeader, and no other node can take the lease before it
+	// commits. The order records the term it was written under.
+	tx, err := s.db.BeginTx(r.Context(), nil)
+	if err != nil {
+		log.Printf("begin: %v", err)
+		http.Error(w, "could not store the order", http.StatusInternalServerError)
+		return
+	}
+	defer tx.Rollback()
+	token, err := cluster.FenceToken(r.Context(), tx)
+	if err != nil {
+		if errors.Is(err, cluster.ErrNotLeader) {
+			http.Error(w, "this node lost the lease; retry", cluster.HTTPStatus(err))
+			return
+		}
+		log.Printf("fence: %v", err)
+		http.Error(w, "could not store the order", http.StatusInternalServerError)
+		return
+	}
+	res, err := tx.ExecContext(r.Context(), "INSERT INTO orders (item, fencing_token, node) VALUES (?, ?, ?)",
+		item, token, cluster.CurrentNodeID())
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
 		log.Printf("insert order: %v", err)
 		http.Error(w, "could not store the order", http.StatusInternalServerError)
@@ -123,7 +144,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	id, _ := res.LastInsertId()
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, "order %d created by %s under fencing token %d\n", id, cluster.CurrentNodeID(), cluster.FencingToken())
+	fmt.Fprintf(w, "order %d created by %s under fencing token %d\n", id, cluster.CurrentNodeID(), token)
 }
 
 // countOrders is a read: every node serves it.
