@@ -59,16 +59,19 @@ func TestElectionOneLeader(t *testing.T) {
 	})
 }
 
+// longLease gives a node a 10s lease, so that a quick takeover can only
+// come from a release.
+func longLease(c *cluster.Config) {
+	c.LeaseTTL = 10 * time.Second
+	c.FenceTimeout = 5 * time.Second
+}
+
 func TestHandoffAfterRelease(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		// A long TTL: the handoff must come from the release, not expiry.
-		long := func(c *cluster.Config) {
-			c.LeaseTTL = 10 * time.Second
-			c.FenceTimeout = 5 * time.Second
-		}
-		a := start(t, tg, "a", long)
-		b := start(t, tg, "b", long)
+		a := start(t, tg, "a", longLease)
+		b := start(t, tg, "b", longLease)
 		watchSingleLeader(t, a, b)
 		if !a.IsLeader() {
 			t.Fatal("first node does not lead after New")
@@ -105,12 +108,8 @@ func TestHandoffAfterRelease(t *testing.T) {
 func TestShutdownReleasesOnCancelledContext(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		long := func(c *cluster.Config) {
-			c.LeaseTTL = 10 * time.Second
-			c.FenceTimeout = 5 * time.Second
-		}
-		a := start(t, tg, "a", long)
-		b := start(t, tg, "b", long)
+		a := start(t, tg, "a", longLease)
+		b := start(t, tg, "b", longLease)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		a.Shutdown(ctx)

@@ -79,6 +79,17 @@ func appendAudit(t *testing.T, tg testdb.Target, n *node, table string, from, to
 	}
 }
 
+// auditLeader creates the audit table and starts node "a" over it, which
+// appends rows 1..rows. It returns a's pool, the table and a.
+func auditLeader(t *testing.T, tg testdb.Target, rows int) (*sql.DB, string, *node) {
+	t.Helper()
+	db := tg.Open(t)
+	table := createAuditTable(t, tg, db)
+	a := startOn(t, tg, db, "a", withAudit(table))
+	appendAudit(t, tg, a, table, 1, rows)
+	return db, table, a
+}
+
 // withAudit configures the audit chain.
 func withAudit(table string) func(*cluster.Config) {
 	return func(c *cluster.Config) {

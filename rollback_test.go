@@ -76,10 +76,7 @@ func TestAdvanceTipRules(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		db := tg.Open(t)
-		table := createAuditTable(t, tg, db)
-		a := startOn(t, tg, db, "a", withAudit(table))
-		appendAudit(t, tg, a, table, 1, 2)
+		db, _, a := auditLeader(t, tg, 2)
 		try := func(chain string, counter uint64, hash []byte) error {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -110,10 +107,7 @@ func TestRollbackDetectedAtBoot(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		db := tg.Open(t)
-		table := createAuditTable(t, tg, db)
-		a := startOn(t, tg, db, "a", withAudit(table))
-		appendAudit(t, tg, a, table, 1, 5)
+		db, table, a := auditLeader(t, tg, 5)
 		a.Shutdown(ctx)
 
 		// An untouched chain passes, and so does a chain with rows beyond
@@ -169,10 +163,7 @@ func TestRollbackDetectedAtAcquisition(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		db := tg.Open(t)
-		table := createAuditTable(t, tg, db)
-		a := startOn(t, tg, db, "a", withAudit(table))
-		appendAudit(t, tg, a, table, 1, 3)
+		db, table, a := auditLeader(t, tg, 3)
 		b := start(t, tg, "b", withAudit(table))
 		if _, err := db.ExecContext(ctx, "DELETE FROM "+table+" WHERE monotonic_counter = 3"); err != nil {
 			t.Fatal(err)
