@@ -306,17 +306,18 @@ func TestMultiProcess(t *testing.T) {
 		}
 
 		writers := map[string]int{}
-		tokenOf := map[string]map[int64]bool{}
+		terms := map[int64]string{}
 		for _, w := range readWriteLog(t, tg, setup) {
 			writers[w.node]++
-			if tokenOf[w.node] == nil {
-				tokenOf[w.node] = map[int64]bool{}
+			if n, ok := terms[w.token]; ok && n != w.node {
+				t.Fatalf("token %d was used by %s and %s", w.token, n, w.node)
 			}
-			tokenOf[w.node][w.token] = true
+			terms[w.token] = w.node
 		}
-		t.Logf("commits by node: %v; tokens by node: %v", writers, tokenOf)
-		if len(writers) < 3 {
-			t.Fatalf("want commits from all three leaders in turn, got %v", writers)
+		t.Logf("commits by node: %v; node of each term: %v", writers, terms)
+		// Three terms wrote (the third may be a's again), each its own node's.
+		if len(terms) < 3 || len(writers) < 2 {
+			t.Fatalf("want commits under three terms from at least two processes, got terms %v", terms)
 		}
 	})
 }
