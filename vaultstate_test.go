@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cloudflare/circl/kem"
 
@@ -106,7 +107,7 @@ func TestVaultKeysDriftAndRotation(t *testing.T) {
 		if fp, epoch, by := readState(t, tg); fp != newFP || epoch != 1 || by != "c" {
 			t.Fatalf("after rotation: %s… epoch %d by %q", fp[:16], epoch, by)
 		}
-		e := c.events.wait(t, cluster.EventVaultKeyRotated, 0)
+		e := c.events.wait(t, cluster.EventVaultKeyRotated, 2*time.Second)
 		if !strings.Contains(e.Reason, newFP[:16]) || !strings.Contains(e.Reason, "epoch 1") {
 			t.Fatalf("rotated event = %+v", e)
 		}
