@@ -110,7 +110,8 @@ func main() {
 	// GC pause, a frozen VM). We stand in for the stall by cutting the
 	// node's heartbeat, so its lease runs out while the handler waits.
 	staleToken := second.FencingToken()
-	fmt.Printf("\n%s stalls in the middle of a write under fencing token %d; its heartbeat stops.\n", second.NodeID(), staleToken)
+	fmt.Printf("\n%s stalls in the middle of a write under fencing token %d: its heartbeat stops\n"+
+		"and it never releases the lease, as if it had crashed.\n", second.NodeID(), staleToken)
 	start = time.Now()
 	second.lease.Close()
 	rest = without(rest, second)
