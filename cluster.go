@@ -51,6 +51,8 @@ type Cluster struct {
 	errNotLeader error // returned by RequireLeader while running
 	errDown      error // returned by RequireLeader after Shutdown
 	lookups      flight
+	// lookupFailing is set while discovery lookups fail, to log once.
+	lookupFailing atomic.Bool
 }
 
 // term is one acquired lease and the end of this node's belief in it.

@@ -68,6 +68,9 @@ func TestSingleNodeMode(t *testing.T) {
 		t.Fatalf("single-node mode started %d goroutines", n-goroutines)
 	}
 
+	if err := AdvanceTip(context.Background(), nil, "audit", 1, []byte("h")); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("AdvanceTip before Init = %v", err)
+	}
 	if err := Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}

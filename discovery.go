@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"sync"
 )
@@ -51,9 +52,18 @@ func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		body.Error = "leader lookup failed"
-		c.log.WarnContext(r.Context(), "cluster: discovery: leader lookup failed", "err", err)
+		// Load balancers poll often: warn when lookups start failing, not
+		// on every request.
+		level := slog.LevelDebug
+		if !c.lookupFailing.Swap(true) {
+			level = slog.LevelWarn
+		}
+		c.log.Log(r.Context(), level, "cluster: discovery: leader lookup failed", "err", err)
 	case l != nil:
 		body.Leader = l
+	}
+	if err == nil && c.lookupFailing.Swap(false) {
+		c.log.InfoContext(r.Context(), "cluster: discovery: leader lookups succeed again")
 	}
 	writeDiscovery(w, r, body)
 }

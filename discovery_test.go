@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -157,5 +158,42 @@ func TestDiscoveryCancelledRequest(t *testing.T) {
 	wg.Wait()
 	if err != nil || l == nil || l.NodeID != "x" {
 		t.Fatalf("CurrentLeader = %+v, %v", l, err)
+	}
+}
+
+// A failing store is logged once as a warning, not once per request.
+func TestDiscoveryLogsFailureOnce(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	failing.Store(true)
+	p := &fakeProvider{LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
+		if failing.Load() {
+			return nil, errors.New("connection refused")
+		}
+		return &cluster.Leader{NodeID: "a"}, nil
+	}}
+	var mu sync.Mutex
+	var logged strings.Builder
+	cfg := fakeConfig(t, "a", p)
+	cfg.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	h := c.DiscoveryHandler()
+	for range 5 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	}
+	failing.Store(false)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	mu.Lock()
+	out := logged.String()
+	mu.Unlock()
+	if n := strings.Count(out, "level=WARN msg=\"cluster: discovery: leader lookup failed\""); n != 1 {
+		t.Fatalf("5 failed lookups logged %d warnings, want 1:\n%s", n, out)
+	}
+	if !strings.Contains(out, "leader lookups succeed again") {
+		t.Fatalf("recovery not logged:\n%s", out)
 	}
 }
