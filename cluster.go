@@ -115,7 +115,7 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 		c.stopped = true
 		cancel()
 		c.events.close()
-		c.events.wait(context.WithoutCancel(ctx))
+		c.events.wait(ctx) // deliver what was emitted, within the caller's patience
 		return nil, err
 	}
 	// Refuse to join before campaigning: wrong keys or a rolled-back
