@@ -152,19 +152,33 @@ func newInstanceID() string {
 //
 // IsLeader is an early check for routing and scheduling; only the database
 // can refuse a stale leader's write.
-func (c *Cluster) IsLeader() bool {
-	t := c.term.Load()
-	return t != nil && mono() < t.until.Load()
+func (c *Cluster) IsLeader() bool { return c.liveTerm() != nil }
+
+// liveTerm returns the term this node leads in, or nil when it holds none
+// or its trust window has ended.
+func (c *Cluster) liveTerm() *term {
+	if t := c.term.Load(); t != nil && mono() < t.until.Load() {
+		return t
+	}
+	return nil
+}
+
+// heldTerm is liveTerm for the calls that write under the term: it returns
+// an error wrapping ErrStaleFencingToken when there is none.
+func (c *Cluster) heldTerm() (*term, error) {
+	if t := c.liveTerm(); t != nil {
+		return t, nil
+	}
+	return nil, fmt.Errorf("%w: node %q does not hold lease %q", ErrStaleFencingToken, c.cfg.NodeID, c.cfg.LeaseName)
 }
 
 // FencingToken returns the fencing token of the term this node leads in,
 // or 0 when [Cluster.IsLeader] is false.
 func (c *Cluster) FencingToken() uint64 {
-	t := c.term.Load()
-	if t == nil || mono() >= t.until.Load() {
-		return 0
+	if t := c.liveTerm(); t != nil {
+		return t.lease.FencingToken
 	}
-	return t.lease.FencingToken
+	return 0
 }
 
 // RequireLeader returns nil if this node leads, and otherwise an error that

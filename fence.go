@@ -70,9 +70,9 @@ func (c *Cluster) FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
 	if c.db == nil {
 		return 0, errNoDatabase
 	}
-	t := c.term.Load()
-	if t == nil || mono() >= t.until.Load() {
-		return 0, fmt.Errorf("%w: node %q does not hold lease %q", ErrStaleFencingToken, c.cfg.NodeID, c.cfg.LeaseName)
+	t, err := c.heldTerm()
+	if err != nil {
+		return 0, err
 	}
 	if err := c.db.fence(ctx, tx, t.lease); err != nil {
 		return 0, err

@@ -108,10 +108,7 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 	if !c.lose(t, ReasonSelfFenced, nil) {
 		return 0
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	err := c.provider.Release(rctx, t.lease)
-	cancel()
-	if err != nil {
+	if err := c.release(ctx, t.lease); err != nil {
 		c.log.DebugContext(ctx, "cluster: release after self-fencing failed; the lease expires by itself",
 			"fencing_token", t.lease.FencingToken, "err", err)
 		return c.cfg.HeartbeatInterval
@@ -178,10 +175,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			// An earlier acquisition committed but its answer was lost. We
 			// cannot know when its term began, so we cannot trust it: end it
 			// and campaign again for a term of our own.
-			rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-			rerr := c.provider.Release(rctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken})
-			cancel()
-			if rerr == nil {
+			if c.release(ctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
 				return 0
 			}
 			return c.cfg.HeartbeatInterval
@@ -208,7 +202,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 // verifyAcquired runs the rollback checks for a freshly acquired lease l.
 // On failure it releases l; a detected rollback also halts campaigning.
 func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) error {
-	if c.db == nil || (len(c.cfg.Chains) == 0 && c.cfg.WitnessFile == "") {
+	if !c.checksRollback() {
 		return nil
 	}
 	vctx, cancel := context.WithTimeout(ctx, time.Duration(start+int64(c.cfg.FenceTimeout)-mono()))
@@ -217,10 +211,7 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 	if err == nil {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	rerr := c.provider.Release(rctx, l)
-	cancel()
-	if rerr != nil {
+	if c.release(ctx, l) != nil {
 		c.setUnsure(true)
 	}
 	if errors.Is(err, ErrRollbackDetected) {
@@ -233,6 +224,13 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 	c.log.WarnContext(ctx, "cluster: could not verify the database after acquiring the lease; released it",
 		"fencing_token", l.FencingToken, "err", err)
 	return err
+}
+
+// release expires term l in the store, bounded by one heartbeat.
+func (c *Cluster) release(ctx context.Context, l Lease) error {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	defer cancel()
+	return c.provider.Release(rctx, l)
 }
 
 func (c *Cluster) setUnsure(v bool) {

@@ -94,11 +94,11 @@ func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter
 	if len(rowHash) == 0 || len(rowHash) > maxRowHashLen {
 		return fmt.Errorf("cluster: advance tip of chain %q: row hash is %d bytes, want 1 to %d", chain, len(rowHash), maxRowHashLen)
 	}
-	t := c.term.Load()
-	if t == nil || mono() >= t.until.Load() {
-		return fmt.Errorf("%w: node %q does not hold lease %q", ErrStaleFencingToken, c.cfg.NodeID, c.cfg.LeaseName)
+	t, err := c.heldTerm()
+	if err != nil {
+		return err
 	}
-	_, err := tx.ExecContext(ctx, c.db.q["tip_write"], chain, c.cfg.LeaseName, int64(counter), rowHash, int64(t.lease.FencingToken))
+	_, err = tx.ExecContext(ctx, c.db.q["tip_write"], chain, c.cfg.LeaseName, int64(counter), rowHash, int64(t.lease.FencingToken))
 	if err != nil {
 		return c.db.wrap(fmt.Sprintf("advance tip of chain %q to %d under fencing token %d", chain, counter, t.lease.FencingToken), err)
 	}
@@ -289,12 +289,18 @@ func writeWitness(path string, w *witness) error {
 	return nil
 }
 
+// checksRollback reports whether there is anything for verifyIntegrity to
+// check: chains or a witness file, over the database provider.
+func (c *Cluster) checksRollback() bool {
+	return c.db != nil && (len(c.cfg.Chains) > 0 || c.cfg.WitnessFile != "")
+}
+
 // verifyIntegrity runs the rollback checks: each chain against its table,
 // then the database against the witness file, which it then advances. token
 // is the fencing token just granted to this node, or 0 at boot, when the
 // token in the lease row is compared instead.
 func (c *Cluster) verifyIntegrity(ctx context.Context, token uint64) error {
-	if c.db == nil || (len(c.cfg.Chains) == 0 && c.cfg.WitnessFile == "") {
+	if !c.checksRollback() {
 		return nil
 	}
 	tips, err := c.checkChains(ctx)
