@@ -52,13 +52,34 @@ var (
 	ErrStaleFencingToken error = &statusError{msg: "cluster: stale fencing token", status: http.StatusServiceUnavailable, parent: ErrNotLeader}
 
 	// ErrTipBackwards reports an attempt to move a chain tip to a lower
-	// counter; the database refuses it.
+	// counter, or below the highest counter it ever had; the database
+	// refuses it.
 	ErrTipBackwards = errors.New("cluster: chain tip would move backwards")
 
+	// ErrTipRewritten reports an attempt to record another hash for a chain
+	// tip at the counter it already has: a substituted row. The database
+	// refuses it.
+	ErrTipRewritten = errors.New("cluster: chain tip would be rewritten with another hash")
+
+	// ErrTipDeleted reports an attempt to delete, truncate or rename a
+	// chain tip; the database refuses it.
+	ErrTipDeleted = errors.New("cluster: chain tips may not be deleted")
+
+	// ErrLeaseDeleted reports an attempt to delete, truncate or rename a
+	// lease row, which would start its fencing tokens again at 1; the
+	// database refuses it.
+	ErrLeaseDeleted = errors.New("cluster: lease rows may not be deleted")
+
+	// ErrTokenLowered reports an attempt to lower a fencing token or a
+	// high-water mark; the database refuses it.
+	ErrTokenLowered = errors.New("cluster: fencing tokens may not go back")
+
 	// ErrRollbackDetected reports that the database holds less than it once
-	// did: a chain table lost rows or had one substituted, or the database
-	// shows a lower fencing token or chain tip than this node's witness
-	// file recorded. Restoring a snapshot does this; so does tampering.
+	// did: a chain table lost rows or had one substituted, a lease row or
+	// chain tip fell below the high-water mark the database keeps for it
+	// (a truncated table on MySQL), or the database shows a lower fencing
+	// token or chain tip than this node's witness file recorded. Restoring a
+	// snapshot does this; so does tampering.
 	ErrRollbackDetected = errors.New("cluster: database rollback detected")
 
 	// ErrVaultKeyDrift reports that this node's vault keys differ from the

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 )
 
 // DBTX is what [Cluster.Fence] and [Cluster.AdvanceTip] need of a database
@@ -74,7 +76,7 @@ func (c *Cluster) FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := c.db.fence(ctx, tx, t.lease); err != nil {
+	if err := c.db.fence(ctx, tx, t.lease, c.cfg.LeaseTTL); err != nil {
 		return 0, err
 	}
 	return t.lease.FencingToken, nil
@@ -103,9 +105,32 @@ func FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
 }
 
 // fence checks l against the lease row in tx, locking the row for share.
-func (p *dbProvider) fence(ctx context.Context, tx DBTX, l Lease) error {
+// It bounds, on the server, the wait for the lock and how long tx may then
+// idle, both by ttl: a fenced transaction whose client vanished must not
+// hold the lease row, and so every takeover, until the server notices the
+// dead connection hours later.
+//
+// PostgreSQL sets both bounds for the rest of the transaction (set_config
+// with is_local). MariaDB's idle_transaction_timeout is a session
+// variable: it stays set on the connection after the transaction ends.
+// MySQL 8 has no such variable; see the README for what to set there.
+func (p *dbProvider) fence(ctx context.Context, tx DBTX, l Lease, ttl time.Duration) error {
+	q := p.q["fence"]
+	if p.dialect == MySQL {
+		limit := ttl
+		if dl, ok := ctx.Deadline(); ok {
+			limit = min(limit, time.Until(dl)*9/10)
+		}
+		q = mysqlBounded(q, limit, p.mariadb)
+		if p.mariadb {
+			secs := int64((ttl + time.Second - 1) / time.Second)
+			if _, err := tx.ExecContext(ctx, "SET SESSION idle_transaction_timeout = ?", secs); err != nil {
+				return p.wrap("fence lease "+quote(l.Name)+": bound the transaction's idle time", err)
+			}
+		}
+	}
 	var r row
-	err := tx.QueryRowContext(ctx, p.q["fence"], l.Name).
+	err := tx.QueryRowContext(ctx, q, l.Name, strconv.FormatInt(ttl.Milliseconds(), 10)).
 		Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%w: lease %q does not exist", ErrStaleFencingToken, l.Name)

@@ -188,6 +188,15 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		}
 		return min(max(held.Remaining+time.Millisecond, time.Millisecond), c.cfg.HeartbeatInterval)
 
+	case errors.Is(err, ErrRollbackDetected):
+		// The database refused to grant a token below one it granted before
+		// (a lease row truncated or restored on its own): no term here can
+		// be trusted until an operator repairs it.
+		c.halted = err
+		c.log.ErrorContext(ctx, "cluster: the lease row went back below the highest fencing token the database granted; stopped campaigning", "err", err)
+		c.emit(EventRollbackDetected, 0, err.Error())
+		return c.cfg.HeartbeatInterval
+
 	default:
 		// The acquisition may have committed even though we saw an error.
 		c.setUnsure(true)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,8 +16,13 @@ import (
 )
 
 // SchemaVersion is the version of the cluster tables this package writes.
-// [New] refuses a database whose tables carry a newer version.
-const SchemaVersion = 2
+// [New] refuses a database whose tables carry a newer version, and runs no
+// DDL at all when they carry this one.
+const SchemaVersion = 3
+
+// schemaLockTimeout bounds how long schema changes wait for the cluster
+// tables while a transaction (a fenced one, say) holds them.
+const schemaLockTimeout = 5 * time.Second
 
 //go:embed schema/*.sql
 var schemaFS embed.FS
@@ -27,8 +34,10 @@ type dbProvider struct {
 	dialect Dialect
 	prefix  string
 	log     *slog.Logger
-	ddl     []string
 	q       map[string]string
+
+	// Learnt by Init.
+	mariadb bool // MySQL dialect served by MariaDB: SET STATEMENT bounds each statement
 }
 
 var (
@@ -51,20 +60,23 @@ func NewDBProvider(db *sql.DB, dialect Dialect, tablePrefix string) (Provider, e
 
 func newDBProvider(db *sql.DB, d Dialect, prefix string, log *slog.Logger) *dbProvider {
 	p := &dbProvider{db: db, dialect: d, prefix: prefix, log: log}
-	p.ddl = splitStatements(p.load(string(d) + ".sql"))
-	p.q = parseQueries(p.load(string(d) + "_queries.sql"))
+	p.q = parseQueries(p.load(string(d)+"_queries.sql", ""))
 	return p
 }
 
-// load reads an embedded SQL file with the table prefix substituted. The
-// prefix was validated against prefixPattern, so it is a plain identifier.
-func (p *dbProvider) load(name string) string {
+// load reads an embedded SQL file with the table prefix and schema
+// substituted. The prefix was validated against prefixPattern, so it is a
+// plain identifier; schema is quoted by quoteIdent.
+func (p *dbProvider) load(name, schema string) string {
 	b, err := schemaFS.ReadFile("schema/" + name)
 	if err != nil {
 		panic("cluster: missing embedded " + name) // a build defect, not input
 	}
-	return strings.ReplaceAll(string(b), "{{prefix}}", p.prefix)
+	return strings.NewReplacer("{{prefix}}", p.prefix, "{{schema}}", schema).Replace(string(b))
 }
+
+// quoteIdent quotes a PostgreSQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // splitStatements splits a schema file into statements: each ends at a line
 // that starts in column 0 and ends with ";". Comment lines are dropped.
@@ -112,20 +124,35 @@ func parseQueries(src string) map[string]string {
 	return q
 }
 
-// Init creates the cluster tables if they are missing, under a lock that
-// serializes nodes booting at once, and refuses a newer schema version.
+// Init checks the cluster tables and, only when they are missing or of an
+// older schema version, creates or upgrades them under a lock that
+// serializes nodes booting at once. It refuses a newer schema version.
+// When the version is current it runs no DDL, so it works on a read-only
+// replica and takes no lock that could queue behind an open transaction.
 func (p *dbProvider) Init(ctx context.Context) error {
 	conn, err := p.conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if p.dialect == SQLite {
+	switch p.dialect {
+	case SQLite:
 		var ms int64
 		if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err == nil && ms == 0 {
 			p.log.WarnContext(ctx, "cluster: SQLite busy_timeout is 0, so nodes sharing the file fail instead of waiting for each other; "+
 				"add _pragma=busy_timeout(5000) to the DSN")
 		}
+	case MySQL:
+		if err := p.probeMySQL(ctx, conn); err != nil {
+			return err
+		}
+	}
+	have, err := p.schemaVersion(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if have == SchemaVersion {
+		return nil
 	}
 	unlock, err := p.lockSchema(ctx, conn)
 	if err != nil {
@@ -138,6 +165,44 @@ func (p *dbProvider) Init(ctx context.Context) error {
 	return err
 }
 
+// schemaVersion reads the recorded schema version without taking a lock:
+// 0 when the tables are missing, an error wrapping ErrSchema when it is
+// newer than this build.
+func (p *dbProvider) schemaVersion(ctx context.Context, q DBTX) (int64, error) {
+	var have sql.NullInt64
+	err := q.QueryRowContext(ctx, p.q["version_read"]).Scan(&have)
+	if err != nil {
+		if errors.Is(p.wrap("", err), ErrSchema) {
+			return 0, nil // no tables yet
+		}
+		return 0, p.wrap("read schema version", err)
+	}
+	if have.Int64 > SchemaVersion {
+		return 0, fmt.Errorf("%w: table %sschema_version records version %d, newer than the %d this build knows; upgrade github.com/sqlfence/cluster",
+			ErrSchema, p.prefix, have.Int64, SchemaVersion)
+	}
+	return have.Int64, nil
+}
+
+// probeMySQL tells MariaDB from MySQL, and warns when this role may create
+// temporary tables, which lets a session of it hide the lease table from
+// the chain-tip guard (see schema/mysql.sql).
+func (p *dbProvider) probeMySQL(ctx context.Context, conn *sql.Conn) error {
+	var version string
+	if err := conn.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return p.wrap("read server version", err)
+	}
+	p.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
+	probe := p.prefix + "temp_probe"
+	if _, err := conn.ExecContext(ctx, "CREATE TEMPORARY TABLE "+probe+" (x INT)"); err == nil {
+		conn.ExecContext(context.WithoutCancel(ctx), "DROP TEMPORARY TABLE IF EXISTS "+probe)
+		p.log.WarnContext(ctx, "cluster: this MySQL role holds CREATE TEMPORARY TABLES: a session of it can hide the lease table behind a temporary one "+
+			"and write chain tips under a made-up fencing token; revoke the privilege from the application's role (see the README, What the database enforces)",
+			"server_version", version)
+	}
+	return nil
+}
+
 // lockSchema takes the cross-process schema lock on conn. The returned func
 // ends it, committing when err is nil.
 func (p *dbProvider) lockSchema(ctx context.Context, conn *sql.Conn) (func(err error) error, error) {
@@ -145,10 +210,13 @@ func (p *dbProvider) lockSchema(ctx context.Context, conn *sql.Conn) (func(err e
 	switch p.dialect {
 	case Postgres:
 		// DDL is transactional; the advisory lock ends with the transaction.
+		// lock_timeout keeps DDL from queueing behind an open transaction on
+		// the cluster tables (and every lease read from queueing behind it).
 		if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
 			return nil, err
 		}
-		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "sqlfence/cluster schema "+p.prefix); err != nil {
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2, true)",
+			"sqlfence/cluster schema "+p.prefix, strconv.FormatInt(schemaLockTimeout.Milliseconds(), 10)); err != nil {
 			conn.ExecContext(background, "ROLLBACK")
 			return nil, err
 		}
@@ -169,9 +237,17 @@ func (p *dbProvider) lockSchema(ctx context.Context, conn *sql.Conn) (func(err e
 		if got.Int64 != 1 {
 			return nil, fmt.Errorf("GET_LOCK(%q) timed out after 60s: another node holds it while creating the schema", name)
 		}
+		// lock_wait_timeout bounds each DDL statement's wait for the tables'
+		// metadata lock; the connection's own value is put back after.
+		if _, err := conn.ExecContext(ctx, "SET @sqlfence_lock_wait_timeout = @@SESSION.lock_wait_timeout, SESSION lock_wait_timeout = ?",
+			int64(schemaLockTimeout/time.Second)); err != nil {
+			conn.ExecContext(background, "SELECT RELEASE_LOCK(?)", name)
+			return nil, err
+		}
 		return func(error) error {
-			_, err := conn.ExecContext(background, "SELECT RELEASE_LOCK(?)", name)
-			return err
+			_, err := conn.ExecContext(background, "SET SESSION lock_wait_timeout = @sqlfence_lock_wait_timeout")
+			_, uerr := conn.ExecContext(background, "SELECT RELEASE_LOCK(?)", name)
+			return errors.Join(err, uerr)
 		}, nil
 	}
 }
@@ -185,30 +261,44 @@ func endTx(ctx context.Context, conn *sql.Conn, err error) error {
 	return cerr
 }
 
+// applySchema creates or upgrades the tables; the caller holds the schema
+// lock. The schema file is idempotent and describes the whole current
+// schema, so it serves a new database and every older version alike.
 func (p *dbProvider) applySchema(ctx context.Context, conn *sql.Conn) error {
+	schema := ""
+	if p.dialect == Postgres {
+		// Guard functions name their tables with the schema they live in,
+		// so a temporary table cannot stand in for them.
+		var cur sql.NullString
+		if err := conn.QueryRowContext(ctx, "SELECT current_schema()").Scan(&cur); err != nil {
+			return p.wrap("read current schema", err)
+		}
+		if !cur.Valid {
+			return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
+		}
+		schema = quoteIdent(cur.String)
+	}
+	ddl := splitStatements(p.load(string(p.dialect)+".sql", schema))
 	// The version table comes first so a newer schema is refused before we
-	// touch anything else.
-	if _, err := conn.ExecContext(ctx, p.ddl[0]); err != nil {
+	// touch anything else; another node may have upgraded while we waited
+	// for the lock.
+	if _, err := conn.ExecContext(ctx, ddl[0]); err != nil {
 		return p.wrap("create schema_version table", err)
 	}
-	var have sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT MAX(version) FROM "+p.prefix+"schema_version").Scan(&have); err != nil {
-		return p.wrap("read schema version", err)
+	have, err := p.schemaVersion(ctx, conn)
+	if err != nil || have == SchemaVersion {
+		return err
 	}
-	if have.Int64 > SchemaVersion {
-		return fmt.Errorf("%w: table %sschema_version records version %d, newer than the %d this build knows; upgrade github.com/sqlfence/cluster",
-			ErrSchema, p.prefix, have.Int64, SchemaVersion)
-	}
-	for _, stmt := range p.ddl[1:] {
+	for _, stmt := range ddl[1:] {
 		if _, err := conn.ExecContext(ctx, stmt); err != nil && !p.triggerExists(err) {
-			return p.wrap("create tables", err)
+			return p.wrap(fmt.Sprintf("upgrade the cluster tables from schema version %d to %d", have, SchemaVersion), err)
 		}
 	}
-	if have.Int64 < SchemaVersion {
-		if _, err := conn.ExecContext(ctx, p.bind("INSERT INTO "+p.prefix+"schema_version (version, applied_at) VALUES (?, ?)"),
-			SchemaVersion, time.Now().UnixMilli()); err != nil {
-			return p.wrap("record schema version", err)
-		}
+	if _, err := conn.ExecContext(ctx, p.q["version_write"], SchemaVersion); err != nil {
+		return p.wrap("record schema version", err)
+	}
+	if have > 0 {
+		p.log.InfoContext(ctx, "cluster: upgraded the cluster tables", "from_version", have, "to_version", SchemaVersion)
 	}
 	return nil
 }
@@ -334,7 +424,7 @@ func (p *dbProvider) readRow(ctx context.Context, conn *sql.Conn, name string, r
 func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req LeaseRequest) (bool, row, error) {
 	var r row
 	for attempt := 0; ; attempt++ {
-		res, err := conn.ExecContext(ctx, p.q["acquire"], req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name)
+		res, err := conn.ExecContext(ctx, p.bounded(ctx, p.q["acquire"]), req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name)
 		if err != nil {
 			return false, r, err
 		}
@@ -351,7 +441,7 @@ func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req Lease
 		err = p.readRow(ctx, conn, req.Name, &r)
 		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
 			// No row yet: create a free one and try again.
-			if _, err := conn.ExecContext(ctx, p.q["insert_row"], req.Name); err != nil {
+			if _, err := conn.ExecContext(ctx, p.bounded(ctx, p.q["insert_row"]), req.Name); err != nil {
 				return false, r, err
 			}
 			continue
@@ -364,6 +454,42 @@ func (p *dbProvider) acquireMySQL(ctx context.Context, conn *sql.Conn, req Lease
 		granted := n == 1 && r.instance == req.Instance && r.token == token
 		return granted, r, nil
 	}
+}
+
+// bounded gives a MySQL statement a server-side time limit a little
+// shorter than what ctx leaves of the attempt. The driver abandons a
+// cancelled statement by closing its connection, but the server would
+// keep it waiting for the lease row's lock (innodb_lock_wait_timeout,
+// 50s by default), so cancelled attempts would pile up behind an open
+// fenced transaction. MariaDB bounds the whole statement (SET STATEMENT
+// max_statement_time); MySQL 8 takes the lock-wait bound as an optimizer
+// hint, in whole seconds. Other dialects need no bound: pgx cancels the
+// statement on the server, and SQLite's busy_timeout bounds its waits.
+func (p *dbProvider) bounded(ctx context.Context, q string) string {
+	if p.dialect != MySQL {
+		return q
+	}
+	limit := defaultStatementLimit
+	if dl, ok := ctx.Deadline(); ok {
+		limit = time.Until(dl) * 9 / 10
+	}
+	return mysqlBounded(q, limit, p.mariadb)
+}
+
+// defaultStatementLimit bounds a MySQL lease statement whose context has
+// no deadline.
+const defaultStatementLimit = 10 * time.Second
+
+// mysqlBounded prefixes q with a server-side limit. The numbers are
+// formatted here from a duration, never taken from input.
+func mysqlBounded(q string, limit time.Duration, mariadb bool) string {
+	limit = max(limit.Round(time.Millisecond), time.Millisecond)
+	lockWait := max(int64((limit+time.Second-1)/time.Second), 1)
+	if mariadb {
+		return fmt.Sprintf("SET STATEMENT max_statement_time=%.3f, innodb_lock_wait_timeout=%d FOR %s", limit.Seconds(), lockWait, q)
+	}
+	verb, rest, _ := strings.Cut(q, " ")
+	return fmt.Sprintf("%s /*+ SET_VAR(innodb_lock_wait_timeout=%d) MAX_EXECUTION_TIME(%d) */ %s", verb, lockWait, limit.Milliseconds(), rest)
 }
 
 // Renew implements [Provider].
@@ -393,7 +519,7 @@ func (p *dbProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 // renewMySQL extends the term with one UPDATE, then reads the new expiry
 // that the UPDATE left in LAST_INSERT_ID.
 func (p *dbProvider) renewMySQL(ctx context.Context, conn *sql.Conn, l Lease, ttl time.Duration) (int64, error) {
-	res, err := conn.ExecContext(ctx, p.q["renew"], ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	res, err := conn.ExecContext(ctx, p.bounded(ctx, p.q["renew"]), ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	if err != nil {
 		return 0, err
 	}
@@ -419,7 +545,7 @@ func (p *dbProvider) Release(ctx context.Context, l Lease) error {
 	if p.dialect == MySQL {
 		args = append(args, token)
 	}
-	if _, err := conn.ExecContext(ctx, p.q["release"], args...); err != nil {
+	if _, err := conn.ExecContext(ctx, p.bounded(ctx, p.q["release"]), args...); err != nil {
 		return p.wrap("release lease "+quote(l.Name), err)
 	}
 	return nil
@@ -448,6 +574,24 @@ func (p *dbProvider) Leader(ctx context.Context, name string) (*Leader, error) {
 
 func quote(s string) string { return fmt.Sprintf("%q", s) }
 
+// guardErrors maps the SQLSTATEs our guard triggers raise (SIGNAL on
+// MySQL, a "sqlfence SFnnn:" message prefix on SQLite) to sentinels.
+var guardErrors = map[string]struct {
+	kind error
+	hint string
+}{
+	"SF001": {ErrStaleFencingToken, "the database refused a write under a fencing token that is not the current lease's"},
+	"SF002": {ErrTipBackwards, "the database refused to move a chain tip backwards"},
+	"SF003": {ErrTipDeleted, "the database refused to delete, truncate or rename a chain tip"},
+	"SF004": {ErrLeaseDeleted, "the database refused to delete, truncate or rename a lease row"},
+	"SF005": {ErrTipRewritten, "the database refused to record another hash at a chain tip's counter"},
+	"SF006": {ErrTokenLowered, "the database refused to lower a fencing token or a high-water mark"},
+	"SF007": {ErrRollbackDetected, "the lease row is below the highest fencing token the database ever granted: it was truncated or restored on its own; " +
+		"an operator must restore the token (see the README) before any node may lead"},
+}
+
+var sqliteGuard = regexp.MustCompile(`sqlfence (SF\d{3}):`)
+
 // wrap turns a driver error into one that says what went wrong, wrapping
 // one of our sentinels where one applies. It is the one place that reads
 // driver error codes.
@@ -457,17 +601,14 @@ func (p *dbProvider) wrap(op string, err error) error {
 	}
 	var kind error
 	hint := ""
+	guard := ""
 	switch p.dialect {
 	case Postgres:
 		var pg interface{ SQLState() string }
 		if errors.As(err, &pg) {
 			switch code := pg.SQLState(); {
-			case code == "SF001":
-				kind = ErrStaleFencingToken
-				hint = "the database refused a write under a fencing token that is not the current lease's"
-			case code == "SF002":
-				kind = ErrTipBackwards
-				hint = "the database refused to move a chain tip backwards"
+			case strings.HasPrefix(code, "SF"):
+				guard = code
 			case code == "25006":
 				kind = ErrReadOnly
 				hint = "the server is a read-only replica or in recovery; point DB at the primary"
@@ -476,6 +617,10 @@ func (p *dbProvider) wrap(op string, err error) error {
 				hint = "the cluster tables are missing or altered; restart a node so New recreates them"
 			case code == "42601":
 				hint = "syntax error: is Dialect right for this database?"
+			case code == "55P03":
+				hint = "lock_timeout: a transaction held the cluster tables for too long"
+			case code == "57014":
+				hint = "the statement was cancelled or hit its time limit"
 			case strings.HasPrefix(code, "53"):
 				hint = "the server is out of resources (connections, memory or disk)"
 			}
@@ -483,6 +628,9 @@ func (p *dbProvider) wrap(op string, err error) error {
 	case MySQL:
 		var my *mysql.MySQLError
 		if errors.As(err, &my) {
+			if code := string(my.SQLState[:]); strings.HasPrefix(code, "SF") {
+				guard = code
+			}
 			switch my.Number {
 			case 1290, 1792, 1836:
 				kind = ErrReadOnly
@@ -494,15 +642,8 @@ func (p *dbProvider) wrap(op string, err error) error {
 				hint = "syntax error: is Dialect right for this database?"
 			case 1205, 1213:
 				hint = "lock wait timeout or deadlock on the lease row; it is retried"
-			case 1644: // SIGNAL from a guard trigger
-				switch {
-				case strings.Contains(my.Message, "stale fencing token"):
-					kind = ErrStaleFencingToken
-					hint = "the database refused a write under a fencing token that is not the current lease's"
-				case strings.Contains(my.Message, "moving backwards"):
-					kind = ErrTipBackwards
-					hint = "the database refused to move a chain tip backwards"
-				}
+			case 1969, 3024:
+				hint = "the statement reached its time limit (a transaction holds the lease row)"
 			}
 		}
 	case SQLite:
@@ -516,21 +657,20 @@ func (p *dbProvider) wrap(op string, err error) error {
 				hint = "another connection holds the write lock; set a busy timeout (_pragma=busy_timeout(5000) in the DSN)"
 			}
 		}
-		switch msg := err.Error(); {
-		case strings.Contains(msg, "sqlfence: stale fencing token"):
-			kind = ErrStaleFencingToken
-			hint = "the database refused a write under a fencing token that is not the current lease's"
-		case strings.Contains(msg, "sqlfence: chain tip moving backwards"):
-			kind = ErrTipBackwards
-			hint = "the database refused to move a chain tip backwards"
+		msg := err.Error()
+		if m := sqliteGuard.FindStringSubmatch(msg); m != nil {
+			guard = m[1]
 		}
-		if kind == nil && strings.Contains(err.Error(), "no such table") {
+		if kind == nil && guard == "" && strings.Contains(msg, "no such table") {
 			kind = ErrSchema
 			hint = "the cluster tables are missing; restart a node so New recreates them"
 		}
-		if kind == nil && strings.Contains(err.Error(), "syntax error") {
+		if kind == nil && strings.Contains(msg, "syntax error") {
 			hint = "syntax error: is Dialect right for this database?"
 		}
+	}
+	if g, ok := guardErrors[guard]; ok {
+		kind, hint = g.kind, g.hint
 	}
 	if hint != "" {
 		op += " (" + hint + ")"

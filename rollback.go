@@ -142,6 +142,20 @@ func (p *dbProvider) readTip(ctx context.Context, q DBTX, scope string) (tip, bo
 	return t, true, nil
 }
 
+// readMark reads the high-water mark of scope ("lease/<name>" or
+// "chain/<name>"), reporting whether there is one.
+func (p *dbProvider) readMark(ctx context.Context, scope string) (int64, bool, error) {
+	var v int64
+	err := p.db.QueryRowContext(ctx, p.q["mark_read"], scope).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, p.wrap(fmt.Sprintf("read the high-water mark of %q", scope), err)
+	}
+	return v, true, nil
+}
+
 // checkChains compares each chain's recorded tip with its table and returns
 // the tips it found. A table whose rows end below the tip lost rows; a row
 // at the tip counter with another hash was substituted.
@@ -153,7 +167,19 @@ func (c *Cluster) checkChains(ctx context.Context) (map[string]tip, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !ok {
+		mark, marked, err := p.readMark(ctx, "chain/"+ch.Name)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case marked && (!ok || t.counter < mark):
+			have := "no recorded tip"
+			if ok {
+				have = fmt.Sprintf("its tip at counter %d", t.counter)
+			}
+			return nil, fmt.Errorf("%w: chain %q has %s, but the database once recorded counter %d for it (table %shigh_water): the chain tips were truncated or restored on their own",
+				ErrRollbackDetected, ch.Name, have, mark, p.prefix)
+		case !ok:
 			continue // no tip yet: the chain has never advanced
 		}
 		tips[ch.Name] = t

@@ -97,8 +97,13 @@ func TestAdvanceTipRules(t *testing.T) {
 		if err := try("audit", 1<<63, []byte("h")); err == nil || !strings.Contains(err.Error(), "BIGINT") {
 			t.Fatalf("huge counter = %v", err)
 		}
-		if err := try("audit", 2, []byte("same counter, same token")); err != nil {
-			t.Fatalf("re-recording the tip at the same counter = %v", err)
+		// The same counter must mean the same row: recording it again is
+		// idempotent, another hash there is a substitution.
+		if err := try("audit", 2, hashOf(2, "a")); err != nil {
+			t.Fatalf("re-recording the tip at the same counter with the same hash = %v", err)
+		}
+		if err := try("audit", 2, []byte("another row at counter 2")); !errors.Is(err, cluster.ErrTipRewritten) {
+			t.Fatalf("re-recording the tip at the same counter with another hash = %v, want ErrTipRewritten", err)
 		}
 	})
 }

@@ -56,15 +56,28 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
 FROM {{prefix}}lease WHERE name = ?;
 
 -- name: fence
--- ? name. LOCK IN SHARE MODE holds the row until the caller's transaction
--- ends, so no later term can be granted before its writes commit.
+-- ? name, ? timeout ms (bound in Go by a statement prefix). LOCK IN SHARE
+-- MODE holds the row until the caller's transaction ends, so no later term
+-- can be granted before its writes commit.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
-FROM {{prefix}}lease WHERE name = ? LOCK IN SHARE MODE;
+FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
 
 -- name: tip_read
 -- ? scope.
 SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = ?;
+
+-- name: mark_read
+-- ? scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+SELECT value FROM {{prefix}}high_water WHERE scope = ?;
+
+-- name: version_read
+SELECT MAX(version) FROM {{prefix}}schema_version;
+
+-- name: version_write
+-- ? version.
+INSERT IGNORE INTO {{prefix}}schema_version (version, applied_at)
+VALUES (?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000);
 
 -- name: tip_write
 -- scope, lease name, counter, row hash, fencing token.

@@ -1,7 +1,23 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later.
--- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_").
--- Times are unix milliseconds by the database clock, clock_timestamp().
--- A statement ends at a line that starts in column 0 and ends with ";".
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 3.
+-- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_")
+-- and {{schema}} by the quoted schema the tables live in (current_schema()
+-- when New runs). Times are unix milliseconds by the database clock,
+-- clock_timestamp(). A statement ends at a line that starts in column 0 and
+-- ends with ";".
+--
+-- The file is idempotent and describes the whole current schema: New runs
+-- it, in one transaction under an advisory lock, only when
+-- {{prefix}}schema_version records an older version, so a changed trigger
+-- body reaches every existing database.
+--
+-- Guard errors carry SQLSTATEs of class SF, which the package maps to its
+-- sentinel errors:
+--   SF001 stale fencing token          SF002 chain tip moving backwards
+--   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
+--   SF005 chain tip rewritten          SF006 fencing token lowered
+--   SF007 fencing token below the high-water mark (a lease row went back)
+-- Every guard function pins search_path and names its tables with their
+-- schema, so a session's temporary table cannot stand in for ours.
 
 CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
     version    INTEGER PRIMARY KEY,
@@ -10,8 +26,6 @@ CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
--- The guard trigger (version 2) refuses deleting a row, which would
--- restart its tokens at 1, and lowering a token.
 CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     name          TEXT   PRIMARY KEY,
     holder        TEXT   NOT NULL,
@@ -23,34 +37,129 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     endpoint      TEXT   NOT NULL DEFAULT ''
 );
 
--- Version 2: a guard on the lease row, chain tips and cluster state.
+-- The highest fencing token ever granted per lease ('lease/<name>') and the
+-- highest counter ever recorded per chain tip ('chain/<name>'), kept apart
+-- from the rows they guard: a lease or tip row that went back (truncated,
+-- replaced, restored on its own) is refused or detected against it.
+CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
+    scope TEXT   PRIMARY KEY,
+    value BIGINT NOT NULL CHECK (value >= 0)
+);
 
--- Fencing tokens must never go back: refuse lowering one, and deleting a
--- lease row, which would restart its tokens at 1.
-CREATE OR REPLACE FUNCTION {{prefix}}lease_guard() RETURNS trigger
-LANGUAGE plpgsql AS $guard$
+-- Seed the marks of a database made by an older version.
+INSERT INTO {{prefix}}high_water (scope, value)
+SELECT 'lease/' || name, fencing_token FROM {{prefix}}lease
+ON CONFLICT (scope) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}high_water_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'sqlfence: lease % may not be deleted: its fencing tokens would start again at 1',
-            OLD.name USING ERRCODE = 'SF004';
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'sqlfence: high-water marks may not be deleted' USING ERRCODE = 'SF006';
     END IF;
-    IF NEW.fencing_token < OLD.fencing_token THEN
-        RAISE EXCEPTION 'sqlfence: the fencing token of lease % may not go back from % to %',
-            OLD.name, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF004';
+    IF NEW.scope <> OLD.scope OR NEW.value < OLD.value THEN
+        RAISE EXCEPTION 'sqlfence: the high-water mark of % may not go back from % to %',
+            OLD.scope, OLD.value, NEW.value USING ERRCODE = 'SF006';
     END IF;
     RETURN NEW;
 END
 $guard$;
 
+DROP TRIGGER IF EXISTS {{prefix}}high_water_guard ON {{prefix}}high_water;
+
+CREATE TRIGGER {{prefix}}high_water_guard
+    BEFORE UPDATE OR DELETE ON {{prefix}}high_water
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}high_water_guard();
+
+DROP TRIGGER IF EXISTS {{prefix}}high_water_truncate ON {{prefix}}high_water;
+
+CREATE TRIGGER {{prefix}}high_water_truncate
+    BEFORE TRUNCATE ON {{prefix}}high_water
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}high_water_guard();
+
+-- Fencing tokens must never go back or be granted twice: refuse lowering a
+-- token, renaming, deleting or truncating a lease row, and any token below
+-- the high-water mark; raise the mark with every acquisition.
+CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}lease_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
+DECLARE
+    mark BIGINT;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'sqlfence: the lease table may not be truncated: fencing tokens would start again at 1'
+            USING ERRCODE = 'SF004';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'sqlfence: lease % may not be deleted: its fencing tokens would start again at 1',
+            OLD.name USING ERRCODE = 'SF004';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.name <> OLD.name THEN
+            RAISE EXCEPTION 'sqlfence: lease % may not be renamed', OLD.name USING ERRCODE = 'SF004';
+        END IF;
+        IF NEW.fencing_token < OLD.fencing_token THEN
+            RAISE EXCEPTION 'sqlfence: the fencing token of lease % may not go back from % to %',
+                OLD.name, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF006';
+        END IF;
+        IF NEW.fencing_token = OLD.fencing_token THEN
+            RETURN NEW; -- renew or release: the mark is already this token
+        END IF;
+    END IF;
+    SELECT value INTO mark FROM {{schema}}.{{prefix}}high_water WHERE scope = 'lease/' || NEW.name;
+    -- An INSERT ... ON CONFLICT proposing a row that exists is checked by the
+    -- UPDATE it turns into, so nodes of an older version can still acquire.
+    IF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM {{schema}}.{{prefix}}lease WHERE name = NEW.name) THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.fencing_token < mark THEN
+        RAISE EXCEPTION 'sqlfence: lease % would grant fencing token %, below the % already granted: the lease row went back',
+            NEW.name, NEW.fencing_token, mark USING ERRCODE = 'SF007';
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+-- Raises the mark after a row is really inserted or granted a new token
+-- (after, not before: an acquisition that finds the lease held proposes an
+-- insert that never happens).
+CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}lease_mark() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $mark$
+BEGIN
+    INSERT INTO {{schema}}.{{prefix}}high_water AS h (scope, value) VALUES ('lease/' || NEW.name, NEW.fencing_token)
+        ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE h.value < excluded.value;
+    RETURN NULL;
+END
+$mark$;
+
 DROP TRIGGER IF EXISTS {{prefix}}lease_guard ON {{prefix}}lease;
 
 CREATE TRIGGER {{prefix}}lease_guard
-    BEFORE UPDATE OR DELETE ON {{prefix}}lease
-    FOR EACH ROW EXECUTE FUNCTION {{prefix}}lease_guard();
+    BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}lease
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}lease_guard();
 
--- The recorded tip of each hash-chained table. The guard trigger below makes
--- the database itself refuse a tip written under a stale fencing token or
--- moving backwards, so a paused old leader cannot extend a chain.
+DROP TRIGGER IF EXISTS {{prefix}}lease_mark_insert ON {{prefix}}lease;
+
+CREATE TRIGGER {{prefix}}lease_mark_insert
+    AFTER INSERT ON {{prefix}}lease
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}lease_mark();
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_mark_update ON {{prefix}}lease;
+
+CREATE TRIGGER {{prefix}}lease_mark_update
+    AFTER UPDATE ON {{prefix}}lease
+    FOR EACH ROW WHEN (NEW.fencing_token > OLD.fencing_token)
+    EXECUTE FUNCTION {{schema}}.{{prefix}}lease_mark();
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_truncate ON {{prefix}}lease;
+
+CREATE TRIGGER {{prefix}}lease_truncate
+    BEFORE TRUNCATE ON {{prefix}}lease
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}lease_guard();
+
+-- The recorded tip of each hash-chained table. The guard below makes the
+-- database itself refuse a tip written under a stale fencing token, moving
+-- backwards, rewritten at the same counter, renamed or deleted, so a paused
+-- old leader cannot extend a chain and nobody can quietly rewind one.
 CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     scope         TEXT   PRIMARY KEY,
     lease_name    TEXT   NOT NULL,
@@ -60,25 +169,39 @@ CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     updated_at    BIGINT NOT NULL
 );
 
-CREATE OR REPLACE FUNCTION {{prefix}}chain_tips_guard() RETURNS trigger
-LANGUAGE plpgsql AS $guard$
+INSERT INTO {{prefix}}high_water (scope, value)
+SELECT 'chain/' || scope, at_counter FROM {{prefix}}chain_tips
+ON CONFLICT (scope) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}chain_tips_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
 DECLARE
     cur_token   BIGINT;
+    cur_renewed BIGINT;
     cur_expires BIGINT;
+    mark        BIGINT;
     now_ms      BIGINT := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'sqlfence: the chain tips table may not be truncated' USING ERRCODE = 'SF003';
+    END IF;
     IF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'sqlfence: chain tip % may not be deleted', OLD.scope
-            USING ERRCODE = 'SF003';
+        RAISE EXCEPTION 'sqlfence: chain tip % may not be deleted', OLD.scope USING ERRCODE = 'SF003';
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.scope <> OLD.scope THEN
+        RAISE EXCEPTION 'sqlfence: chain tip % may not be renamed', OLD.scope USING ERRCODE = 'SF003';
     END IF;
     -- FOR SHARE holds the lease row until this transaction ends, so no later
     -- term can be granted before this tip commits.
-    SELECT fencing_token, expires_at INTO cur_token, cur_expires
-        FROM {{prefix}}lease WHERE name = NEW.lease_name FOR SHARE;
+    SELECT fencing_token, renewed_at, expires_at INTO cur_token, cur_renewed, cur_expires
+        FROM {{schema}}.{{prefix}}lease WHERE name = NEW.lease_name FOR SHARE;
     IF NOT FOUND OR NEW.fencing_token <> cur_token OR cur_expires <= now_ms THEN
         RAISE EXCEPTION 'sqlfence: stale fencing token % for chain % (current token %)',
             NEW.fencing_token, NEW.scope, cur_token USING ERRCODE = 'SF001';
     END IF;
+    -- A writer that vanishes now must not hold the lease row for hours: the
+    -- server ends this transaction once it idles for the lease's TTL.
+    PERFORM set_config('idle_in_transaction_session_timeout', (cur_expires - cur_renewed)::text, true);
     IF TG_OP = 'UPDATE' THEN
         IF NEW.fencing_token < OLD.fencing_token THEN
             RAISE EXCEPTION 'sqlfence: stale fencing token % for chain % (tip written under %)',
@@ -88,7 +211,18 @@ BEGIN
             RAISE EXCEPTION 'sqlfence: chain % tip moving backwards from % to %',
                 NEW.scope, OLD.at_counter, NEW.at_counter USING ERRCODE = 'SF002';
         END IF;
+        IF NEW.at_counter = OLD.at_counter AND NEW.row_hash <> OLD.row_hash THEN
+            RAISE EXCEPTION 'sqlfence: chain % tip at counter % may not be rewritten with another hash',
+                NEW.scope, NEW.at_counter USING ERRCODE = 'SF005';
+        END IF;
     END IF;
+    SELECT value INTO mark FROM {{schema}}.{{prefix}}high_water WHERE scope = 'chain/' || NEW.scope;
+    IF NEW.at_counter < mark THEN
+        RAISE EXCEPTION 'sqlfence: chain % tip moving backwards from % to %',
+            NEW.scope, mark, NEW.at_counter USING ERRCODE = 'SF002';
+    END IF;
+    INSERT INTO {{schema}}.{{prefix}}high_water AS h (scope, value) VALUES ('chain/' || NEW.scope, NEW.at_counter)
+        ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE h.value < excluded.value;
     RETURN NEW;
 END
 $guard$;
@@ -97,7 +231,13 @@ DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard ON {{prefix}}chain_tips;
 
 CREATE TRIGGER {{prefix}}chain_tips_guard
     BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}chain_tips
-    FOR EACH ROW EXECUTE FUNCTION {{prefix}}chain_tips_guard();
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}chain_tips_guard();
+
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_truncate ON {{prefix}}chain_tips;
+
+CREATE TRIGGER {{prefix}}chain_tips_truncate
+    BEFORE TRUNCATE ON {{prefix}}chain_tips
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}chain_tips_guard();
 
 -- Cluster-wide facts every node must agree on, one row per lease name.
 CREATE TABLE IF NOT EXISTS {{prefix}}state (

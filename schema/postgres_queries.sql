@@ -11,7 +11,10 @@ WITH clock AS (
 ), granted AS (
     INSERT INTO {{prefix}}lease AS l
         (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
-    SELECT $1, $2, $3, 1, now_ms, now_ms, now_ms + $4::bigint, $5 FROM clock
+    SELECT $1, $2, $3,
+           COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || $1), 0) + 1,
+           now_ms, now_ms, now_ms + $4::bigint, $5
+    FROM clock
     ON CONFLICT (name) DO UPDATE SET
         holder        = excluded.holder,
         instance      = excluded.instance,
@@ -61,15 +64,35 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
 FROM {{prefix}}lease WHERE name = $1;
 
 -- name: fence
--- $1 name. FOR SHARE holds the row until the caller's transaction ends, so
--- no later term can be granted before its writes commit.
+-- $1 name, $2 timeout ms. FOR SHARE holds the row until the caller's
+-- transaction ends, so no later term can be granted before its writes
+-- commit. The set_config calls run before the row lock is taken and last
+-- until the transaction ends: the wait for the lock, and any idle moment of
+-- the transaction (its client vanished), are bounded by $2.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-FROM {{prefix}}lease WHERE name = $1 FOR SHARE;
+FROM {{prefix}}lease
+WHERE name = $1
+  AND set_config('lock_timeout', $2::text, true) IS NOT NULL
+  AND set_config('idle_in_transaction_session_timeout', $2::text, true) IS NOT NULL
+FOR SHARE;
 
 -- name: tip_read
 -- $1 scope.
 SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = $1;
+
+-- name: mark_read
+-- $1 scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+SELECT value FROM {{prefix}}high_water WHERE scope = $1;
+
+-- name: version_read
+SELECT MAX(version) FROM {{prefix}}schema_version;
+
+-- name: version_write
+-- $1 version.
+INSERT INTO {{prefix}}schema_version (version, applied_at)
+VALUES ($1, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (version) DO NOTHING;
 
 -- name: tip_write
 -- $1 scope, $2 lease name, $3 counter, $4 row hash, $5 fencing token.

@@ -1,7 +1,23 @@
--- sqlfence/cluster schema for SQLite 3.42 or later.
+-- sqlfence/cluster schema for SQLite 3.42 or later, version 3.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_").
 -- Times are unix milliseconds by the clock of the host that writes them.
 -- A statement ends at a line that starts in column 0 and ends with ";".
+--
+-- The file is idempotent and describes the whole current schema: New runs
+-- it, in one BEGIN IMMEDIATE transaction, only when {{prefix}}schema_version
+-- records an older version; triggers are dropped and created again so a
+-- changed body reaches every existing database.
+--
+-- Guard errors start with "sqlfence SFnnn:", which the package maps to its
+-- sentinel errors:
+--   SF001 stale fencing token          SF002 chain tip moving backwards
+--   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
+--   SF005 chain tip rewritten          SF006 fencing token lowered
+--   SF007 fencing token below the high-water mark (a lease row went back)
+-- REPLACE deletes the row it replaces without firing delete triggers, so
+-- every insert is checked against the row it may replace and against the
+-- high-water marks. Trigger bodies in the main schema only see tables of
+-- the main schema, so a TEMP table cannot stand in for ours.
 
 CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
     version    INTEGER PRIMARY KEY,
@@ -10,8 +26,6 @@ CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
--- The guard trigger (version 2) refuses deleting a row, which would
--- restart its tokens at 1, and lowering a token.
 CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     name          TEXT    NOT NULL PRIMARY KEY,
     holder        TEXT    NOT NULL,
@@ -23,26 +37,98 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     endpoint      TEXT    NOT NULL DEFAULT ''
 );
 
--- Version 2: a guard on the lease row, chain tips and cluster state.
+-- The highest fencing token ever granted per lease ('lease/<name>') and the
+-- highest counter ever recorded per chain tip ('chain/<name>').
+CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
+    scope TEXT    NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL CHECK (value >= 0)
+);
 
--- Fencing tokens must never go back: refuse lowering one, and deleting a
--- lease row, which would restart its tokens at 1.
-CREATE TRIGGER IF NOT EXISTS {{prefix}}lease_guard_update
-BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
-WHEN NEW.fencing_token < OLD.fencing_token
+-- Seed the marks of a database made by an older version.
+INSERT INTO {{prefix}}high_water (scope, value)
+SELECT 'lease/' || name, fencing_token FROM {{prefix}}lease
+WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}high_water WHERE scope = 'lease/' || name);
+
+DROP TRIGGER IF EXISTS {{prefix}}high_water_insert;
+
+CREATE TRIGGER {{prefix}}high_water_insert
+BEFORE INSERT ON {{prefix}}high_water FOR EACH ROW
 BEGIN
-    SELECT RAISE(ABORT, 'sqlfence: a fencing token may not go back');
+    SELECT RAISE(ABORT, 'sqlfence SF006: a high-water mark may not go back')
+    WHERE NEW.value < (SELECT value FROM {{prefix}}high_water WHERE scope = NEW.scope);
 END;
 
-CREATE TRIGGER IF NOT EXISTS {{prefix}}lease_guard_delete
+DROP TRIGGER IF EXISTS {{prefix}}high_water_update;
+
+CREATE TRIGGER {{prefix}}high_water_update
+BEFORE UPDATE ON {{prefix}}high_water FOR EACH ROW
+WHEN NEW.scope IS NOT OLD.scope OR NEW.value < OLD.value
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF006: a high-water mark may not go back');
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}high_water_delete;
+
+CREATE TRIGGER {{prefix}}high_water_delete
+BEFORE DELETE ON {{prefix}}high_water FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF006: a high-water mark may not be deleted');
+END;
+
+-- Fencing tokens must never go back or be granted twice.
+DROP TRIGGER IF EXISTS {{prefix}}lease_guard_insert;
+
+CREATE TRIGGER {{prefix}}lease_guard_insert
+BEFORE INSERT ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF007: a fencing token below the high-water mark: the lease row went back')
+    WHERE NEW.fencing_token < (SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name);
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_guard_update;
+
+CREATE TRIGGER {{prefix}}lease_guard_update
+BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF004: a lease may not be renamed')
+    WHERE NEW.name IS NOT OLD.name;
+    SELECT RAISE(ABORT, 'sqlfence SF006: a fencing token may not go back')
+    WHERE NEW.fencing_token < OLD.fencing_token;
+    SELECT RAISE(ABORT, 'sqlfence SF007: a fencing token below the high-water mark: the lease row went back')
+    WHERE NEW.fencing_token > OLD.fencing_token
+      AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name);
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_guard_delete;
+
+CREATE TRIGGER {{prefix}}lease_guard_delete
 BEFORE DELETE ON {{prefix}}lease FOR EACH ROW
 BEGIN
-    SELECT RAISE(ABORT, 'sqlfence: a lease may not be deleted: its fencing tokens would start again at 1');
+    SELECT RAISE(ABORT, 'sqlfence SF004: a lease may not be deleted: its fencing tokens would start again at 1');
 END;
 
--- The recorded tip of each hash-chained table. The guard triggers below make
--- the database itself refuse a tip written under a stale fencing token or
--- moving backwards, so a paused old leader cannot extend a chain.
+DROP TRIGGER IF EXISTS {{prefix}}lease_mark_insert;
+
+CREATE TRIGGER {{prefix}}lease_mark_insert
+AFTER INSERT ON {{prefix}}lease FOR EACH ROW
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value) VALUES ('lease/' || NEW.name, NEW.fencing_token)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_mark_update;
+
+CREATE TRIGGER {{prefix}}lease_mark_update
+AFTER UPDATE ON {{prefix}}lease FOR EACH ROW
+WHEN NEW.fencing_token > OLD.fencing_token
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value) VALUES ('lease/' || NEW.name, NEW.fencing_token)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
+END;
+
+-- The recorded tip of each hash-chained table. The guards below make the
+-- database itself refuse a tip written under a stale fencing token, moving
+-- backwards, rewritten at the same counter, renamed or deleted.
 CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     scope         TEXT    NOT NULL PRIMARY KEY,
     lease_name    TEXT    NOT NULL,
@@ -52,32 +138,74 @@ CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
     updated_at    INTEGER NOT NULL
 );
 
-CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_insert
+INSERT INTO {{prefix}}high_water (scope, value)
+SELECT 'chain/' || t.scope, t.at_counter FROM {{prefix}}chain_tips t
+WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}high_water WHERE scope = 'chain/' || t.scope);
+
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_insert;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard_insert
 BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
-    SELECT RAISE(ABORT, 'sqlfence: stale fencing token')
+    SELECT RAISE(ABORT, 'sqlfence SF001: stale fencing token')
     WHERE NOT EXISTS (
         SELECT 1 FROM {{prefix}}lease
         WHERE name = NEW.lease_name AND fencing_token = NEW.fencing_token
-          AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER));
+          AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER))
+       OR NEW.fencing_token < (SELECT fencing_token FROM {{prefix}}chain_tips WHERE scope = NEW.scope);
+    SELECT RAISE(ABORT, 'sqlfence SF002: chain tip moving backwards')
+    WHERE NEW.at_counter < (SELECT at_counter FROM {{prefix}}chain_tips WHERE scope = NEW.scope)
+       OR NEW.at_counter < (SELECT value FROM {{prefix}}high_water WHERE scope = 'chain/' || NEW.scope);
+    SELECT RAISE(ABORT, 'sqlfence SF005: a chain tip may not be rewritten with another hash')
+    WHERE EXISTS (
+        SELECT 1 FROM {{prefix}}chain_tips
+        WHERE scope = NEW.scope AND at_counter = NEW.at_counter AND row_hash IS NOT NEW.row_hash);
 END;
 
-CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_update
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_update;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard_update
 BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
-    SELECT RAISE(ABORT, 'sqlfence: stale fencing token')
+    SELECT RAISE(ABORT, 'sqlfence SF003: a chain tip may not be renamed')
+    WHERE NEW.scope IS NOT OLD.scope;
+    SELECT RAISE(ABORT, 'sqlfence SF001: stale fencing token')
     WHERE NEW.fencing_token < OLD.fencing_token OR NOT EXISTS (
         SELECT 1 FROM {{prefix}}lease
         WHERE name = NEW.lease_name AND fencing_token = NEW.fencing_token
           AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER));
-    SELECT RAISE(ABORT, 'sqlfence: chain tip moving backwards')
-    WHERE NEW.at_counter < OLD.at_counter;
+    SELECT RAISE(ABORT, 'sqlfence SF002: chain tip moving backwards')
+    WHERE NEW.at_counter < OLD.at_counter
+       OR NEW.at_counter < (SELECT value FROM {{prefix}}high_water WHERE scope = 'chain/' || NEW.scope);
+    SELECT RAISE(ABORT, 'sqlfence SF005: a chain tip may not be rewritten with another hash')
+    WHERE NEW.at_counter = OLD.at_counter AND NEW.row_hash IS NOT OLD.row_hash;
 END;
 
-CREATE TRIGGER IF NOT EXISTS {{prefix}}chain_tips_guard_delete
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_delete;
+
+CREATE TRIGGER {{prefix}}chain_tips_guard_delete
 BEFORE DELETE ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
-    SELECT RAISE(ABORT, 'sqlfence: chain tips may not be deleted');
+    SELECT RAISE(ABORT, 'sqlfence SF003: chain tips may not be deleted');
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_mark_insert;
+
+CREATE TRIGGER {{prefix}}chain_tips_mark_insert
+AFTER INSERT ON {{prefix}}chain_tips FOR EACH ROW
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value) VALUES ('chain/' || NEW.scope, NEW.at_counter)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}chain_tips_mark_update;
+
+CREATE TRIGGER {{prefix}}chain_tips_mark_update
+AFTER UPDATE ON {{prefix}}chain_tips FOR EACH ROW
+WHEN NEW.at_counter > OLD.at_counter
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value) VALUES ('chain/' || NEW.scope, NEW.at_counter)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
 END;
 
 -- Cluster-wide facts every node must agree on, one row per lease name.

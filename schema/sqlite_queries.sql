@@ -7,7 +7,9 @@
 -- Grants a new term if the lease is free or expired; returns no row if not.
 INSERT INTO {{prefix}}lease
     (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
-SELECT ?1, ?2, ?3, 1, now_ms, now_ms, now_ms + ?4, ?5
+SELECT ?1, ?2, ?3,
+       COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || ?1), 0) + 1,
+       now_ms, now_ms, now_ms + ?4, ?5
 FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) WHERE true
 ON CONFLICT (name) DO UPDATE SET
     holder        = excluded.holder,
@@ -45,15 +47,29 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
 FROM {{prefix}}lease WHERE name = ?1;
 
 -- name: fence
--- ?1 name. SQLite transactions are serializable: a later acquisition cannot
--- commit between this read and the caller's commit.
+-- ?1 name, ?2 timeout ms (unused: busy_timeout bounds SQLite's waits). SQLite
+-- transactions are serializable: a later acquisition cannot commit between
+-- this read and the caller's commit.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        CAST(unixepoch('subsec') * 1000 AS INTEGER)
-FROM {{prefix}}lease WHERE name = ?1;
+FROM {{prefix}}lease WHERE name = ?1 AND ?2 IS NOT NULL;
 
 -- name: tip_read
 -- ?1 scope.
 SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = ?1;
+
+-- name: mark_read
+-- ?1 scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+SELECT value FROM {{prefix}}high_water WHERE scope = ?1;
+
+-- name: version_read
+SELECT MAX(version) FROM {{prefix}}schema_version;
+
+-- name: version_write
+-- ?1 version.
+INSERT INTO {{prefix}}schema_version (version, applied_at)
+VALUES (?1, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+ON CONFLICT (version) DO NOTHING;
 
 -- name: tip_write
 -- ?1 scope, ?2 lease name, ?3 counter, ?4 row hash, ?5 fencing token.

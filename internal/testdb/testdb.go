@@ -218,3 +218,21 @@ func FreeAddr(t testing.TB) string {
 
 // Name returns a short unique name for test nodes and leases.
 func Name(prefix string) string { return fmt.Sprintf("%s-%s", prefix, randomHex(3)) }
+
+// WithUser returns the target's DSN for another user of a networked
+// target.
+func WithUser(t testing.TB, tg Target, user, password string) string {
+	t.Helper()
+	switch tg.Dialect {
+	case cluster.Postgres:
+		u, _ := url.Parse(tg.DSN)
+		u.User = url.UserPassword(user, password)
+		return u.String()
+	case cluster.MySQL:
+		cfg, _ := mysqldrv.ParseDSN(tg.DSN)
+		cfg.User, cfg.Passwd = user, password
+		return cfg.FormatDSN()
+	}
+	t.Fatalf("testdb: %s has no users", tg.Dialect)
+	return ""
+}

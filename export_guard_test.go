@@ -1,0 +1,8 @@
+package cluster
+
+// ClassifyDBError maps a driver error of dialect d to the package's
+// sentinels, as the default provider does, for tests that trip the guard
+// triggers with raw SQL.
+func ClassifyDBError(d Dialect, err error) error {
+	return (&dbProvider{dialect: d}).wrap("raw SQL", err)
+}
