@@ -321,24 +321,6 @@ func (p *dbProvider) triggerExists(err error) bool {
 	return p.dialect == MySQL && errors.As(err, &my) && my.Number == 1359
 }
 
-// bind rewrites ? placeholders for PostgreSQL.
-func (p *dbProvider) bind(q string) string {
-	if p.dialect != Postgres {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
 // conn takes a connection from the pool, telling an exhausted pool apart
 // from a slow query.
 func (p *dbProvider) conn(ctx context.Context) (*sql.Conn, error) {

@@ -3,8 +3,10 @@ package cluster
 import (
 	"context"
 	"crypto/subtle"
+	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -143,13 +145,21 @@ func (c *Cluster) checkVaultKeys(ctx context.Context) error {
 		return nil
 	}
 	p, scope, node := c.db, c.cfg.LeaseName, c.cfg.NodeID
-	if _, err := p.db.ExecContext(ctx, p.q["state_insert"], scope, fp, node); err != nil {
-		return p.wrap("record vault key fingerprint", err)
-	}
-	for attempt := 0; ; attempt++ {
+	inserted := false
+	for attempt := 0; ; {
 		var stored, by string
 		var epoch, at int64
-		if err := p.db.QueryRowContext(ctx, p.q["state_read"], scope).Scan(&stored, &epoch, &at, &by); err != nil {
+		err := p.db.QueryRowContext(ctx, p.q["state_read"], scope).Scan(&stored, &epoch, &at, &by)
+		if errors.Is(err, sql.ErrNoRows) && !inserted {
+			// The first node records its fingerprint; reading first keeps a
+			// follower on a read-only replica from writing.
+			inserted = true
+			if _, err := p.db.ExecContext(ctx, p.q["state_insert"], scope, fp, node); err != nil {
+				return p.wrap("record vault key fingerprint", err)
+			}
+			continue
+		}
+		if err != nil {
 			return p.wrap("read vault key fingerprint", err)
 		}
 		if subtle.ConstantTimeCompare([]byte(fp), []byte(stored)) == 1 {
@@ -179,5 +189,6 @@ func (c *Cluster) checkVaultKeys(ctx context.Context) error {
 			return nil
 		}
 		// Another node changed the row first; read what it wrote.
+		attempt++
 	}
 }

@@ -236,3 +236,26 @@ func WithUser(t testing.TB, tg Target, user, password string) string {
 	t.Fatalf("testdb: %s has no users", tg.Dialect)
 	return ""
 }
+
+// ReadOnlyDSN returns a DSN for the target on which every write fails, as
+// on a read-only replica: default_transaction_read_only on PostgreSQL,
+// tx_read_only on MySQL, mode=ro on SQLite.
+func (tg Target) ReadOnlyDSN(t testing.TB) string {
+	t.Helper()
+	switch tg.Dialect {
+	case cluster.Postgres:
+		u, _ := url.Parse(tg.DSN)
+		q := u.Query()
+		q.Set("default_transaction_read_only", "on")
+		u.RawQuery = q.Encode()
+		return u.String()
+	case cluster.MySQL:
+		cfg, _ := mysqldrv.ParseDSN(tg.DSN)
+		if cfg.Params == nil {
+			cfg.Params = map[string]string{}
+		}
+		cfg.Params["tx_read_only"] = "1"
+		return cfg.FormatDSN()
+	}
+	return tg.DSN + "&mode=ro"
+}
