@@ -51,6 +51,7 @@ type Cluster struct {
 	errNotLeader error // returned by RequireLeader while running
 	errDown      error // returned by RequireLeader after Shutdown
 	lookups      flight
+	wit          witnessState // Config.WitnessFile in memory
 	// lookupFailing is set while discovery lookups fail, to log once.
 	lookupFailing atomic.Bool
 }
@@ -90,6 +91,7 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 		provider: cfg.Provider,
 		instance: newInstanceID(),
 	}
+	c.wit.pendingTx = map[string]DBTX{}
 	c.errNotLeader = fmt.Errorf("%w: node %q does not hold lease %q", ErrNotLeader, cfg.NodeID, cfg.LeaseName)
 	c.errDown = fmt.Errorf("%w: node %q is shut down", ErrNotLeader, cfg.NodeID)
 	if c.provider == nil {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"unicode"
 )
 
@@ -98,11 +99,63 @@ func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter
 	if err != nil {
 		return err
 	}
+	var before tip
+	var had bool
+	if c.cfg.WitnessFile != "" {
+		// The tip this transaction sees before writing is committed (or
+		// this transaction's own): the witness may count on it.
+		if before, had, err = c.db.readTip(ctx, tx, chain); err != nil {
+			return err
+		}
+	}
 	_, err = tx.ExecContext(ctx, c.db.q["tip_write"], chain, c.cfg.LeaseName, int64(counter), rowHash, int64(t.lease.FencingToken))
 	if err != nil {
 		return c.db.wrap(fmt.Sprintf("advance tip of chain %q to %d under fencing token %d", chain, counter, t.lease.FencingToken), err)
 	}
+	if c.cfg.WitnessFile != "" {
+		if err := c.witnessTip(tx, chain, before, had, int64(counter), rowHash, t.lease.FencingToken); err != nil {
+			return fmt.Errorf("cluster: advance tip of chain %q to %d: %w; roll the transaction back", chain, counter, err)
+		}
+	}
 	return nil
+}
+
+// witnessTip records in the witness file what AdvanceTip just wrote in tx,
+// as pending: tx may still roll back. The tip tx saw before writing is
+// committed, unless it is the pending write of this same transaction, so
+// it becomes the confirmed tip: a restore of the whole database to any
+// point before this node's previous AdvanceTip is then caught at boot.
+func (c *Cluster) witnessTip(tx DBTX, chain string, before tip, had bool, counter int64, hash []byte, token uint64) error {
+	c.wit.mu.Lock()
+	defer c.wit.mu.Unlock()
+	w, err := c.loadWitness()
+	if err != nil {
+		return err
+	}
+	if had {
+		seen := witnessTip{Counter: before.counter, Hash: hex.EncodeToString(before.hash)}
+		ownPending := w.Pending[chain] == seen && c.wit.pendingTx[chain] == tx
+		if old, ok := w.Chains[chain]; !ownPending && (!ok || seen.Counter > old.Counter) {
+			w.Chains[chain] = seen
+		}
+	}
+	w.Pending[chain] = witnessTip{Counter: counter, Hash: hex.EncodeToString(hash)}
+	c.wit.pendingTx[chain] = tx
+	w.Leases[c.cfg.LeaseName] = max(w.Leases[c.cfg.LeaseName], token)
+	return writeWitness(c.cfg.WitnessFile, w)
+}
+
+// loadWitness returns the witness file's contents, read once and then
+// kept in memory. The caller holds c.wit.mu.
+func (c *Cluster) loadWitness() (*witness, error) {
+	if c.wit.w == nil {
+		w, err := readWitness(c.cfg.WitnessFile)
+		if err != nil {
+			return nil, err
+		}
+		c.wit.w = w
+	}
+	return c.wit.w, nil
 }
 
 // AdvanceTip records a chain tip with the default instance; see
@@ -250,7 +303,17 @@ func shortHash(h []byte) string {
 type witness struct {
 	Version int                   `json:"version"`
 	Leases  map[string]uint64     `json:"leases"` // lease name → highest fencing token seen
-	Chains  map[string]witnessTip `json:"chains"` // chain name → highest tip seen
+	Chains  map[string]witnessTip `json:"chains"` // chain name → highest tip seen committed
+	// Pending holds, per chain, the last tip this node wrote, which may not
+	// have committed: a database below it is not proof of a restore.
+	Pending map[string]witnessTip `json:"pending,omitempty"`
+}
+
+// witnessState is a Cluster's in-memory copy of its witness file.
+type witnessState struct {
+	mu        sync.Mutex
+	w         *witness        // nil until first read
+	pendingTx map[string]DBTX // chain → the transaction that wrote w.Pending[chain]
 }
 
 type witnessTip struct {
@@ -259,7 +322,7 @@ type witnessTip struct {
 }
 
 func readWitness(path string) (*witness, error) {
-	w := &witness{Version: 1, Leases: map[string]uint64{}, Chains: map[string]witnessTip{}}
+	w := &witness{Version: 1, Leases: map[string]uint64{}, Chains: map[string]witnessTip{}, Pending: map[string]witnessTip{}}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return w, nil
@@ -275,6 +338,9 @@ func readWitness(path string) (*witness, error) {
 	}
 	if w.Chains == nil {
 		w.Chains = map[string]witnessTip{}
+	}
+	if w.Pending == nil {
+		w.Pending = map[string]witnessTip{}
 	}
 	return w, nil
 }
@@ -336,10 +402,13 @@ func (c *Cluster) verifyIntegrity(ctx context.Context, token uint64) error {
 	if c.cfg.WitnessFile == "" {
 		return nil
 	}
+	c.wit.mu.Lock()
+	defer c.wit.mu.Unlock()
 	w, err := readWitness(c.cfg.WitnessFile)
 	if err != nil {
 		return err
 	}
+	c.wit.w = nil // re-read below only once this check has passed
 	seen := w.Leases[c.cfg.LeaseName]
 	name := c.cfg.LeaseName
 	if token == 0 {
@@ -381,8 +450,17 @@ func (c *Cluster) verifyIntegrity(ctx context.Context, token uint64) error {
 		case has:
 			w.Chains[ch.Name] = witnessTip{Counter: now.counter, Hash: hex.EncodeToString(now.hash)}
 		}
+		// The database settles what was pending: committed if the tip
+		// reached it, otherwise rolled back (or restored to a point just
+		// before it, which no check can tell apart).
+		delete(w.Pending, ch.Name)
+		delete(c.wit.pendingTx, ch.Name)
 	}
-	return writeWitness(c.cfg.WitnessFile, w)
+	if err := writeWitness(c.cfg.WitnessFile, w); err != nil {
+		return err
+	}
+	c.wit.w = w
+	return nil
 }
 
 func prefix(s string, n int) string {

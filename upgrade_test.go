@@ -1,0 +1,77 @@
+package cluster_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// A database made by schema version 2 is upgraded by New: the new trigger
+// bodies reach every dialect (on MySQL the version-2 triggers are dropped
+// after their successors exist), the high-water marks are seeded from the
+// tokens already granted, and no token is granted twice.
+func TestSchemaUpgradeFromVersion2(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		src, err := os.ReadFile("testdata/schema_v2/" + string(tg.Dialect) + ".sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("version 2 DDL: %v\n%s", err, stmt)
+			}
+		}
+		for _, q := range []string{
+			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (2, 0)",
+			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		a := start(t, tg, "a")
+		if got := a.FencingToken(); got != 8 {
+			t.Fatalf("first term after the upgrade has token %d, want 8", got)
+		}
+		var version int
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+		}
+		// A rule that version 2 did not have.
+		refusedWith(t, tg, db, "SF004", cluster.ErrLeaseDeleted, "UPDATE "+tg.Prefix+"lease SET name = 'renamed'")
+		if tg.Dialect == cluster.MySQL {
+			var old int
+			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE ?",
+				tg.Prefix+"%guard%").Scan(&old); err != nil || old != 0 {
+				t.Fatalf("%d version-2 triggers remain (%v)", old, err)
+			}
+		}
+	})
+}
+
+// splitSQL splits a schema file as the package does: a statement ends at a
+// line that starts in column 0 and ends with ";".
+func splitSQL(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.SplitAfter(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") || (trimmed == "" && cur.Len() == 0) {
+			continue
+		}
+		cur.WriteString(line)
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	return out
+}
