@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -466,5 +467,52 @@ func TestCustomProviderErrorsAreNotFatal(t *testing.T) {
 	c := startFake(t, p) // a failed first acquire does not fail New
 	if c.IsLeader() {
 		t.Fatal("leads without a lease")
+	}
+}
+
+// A node with the longest lease Validate accepts acquires once and keeps
+// renewing: no deadline on the monotonic clock overflows into the past,
+// which would make it self-fence and re-acquire in a loop.
+func TestLongestLeaseTTLStaysLeader(t *testing.T) {
+	t.Parallel()
+	var acquires, renews atomic.Int64
+	renewed := make(chan struct{}, 1)
+	p := &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			n := acquires.Add(1)
+			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: uint64(n)}, nil
+		},
+		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+			if renews.Add(1) >= 5 {
+				select {
+				case renewed <- struct{}{}:
+				default:
+				}
+			}
+			return l, nil
+		},
+	}
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", p)
+	cfg.LeaseTTL = cluster.MaxLeaseTTL
+	cfg.FenceTimeout = 0 // the default, LeaseTTL - HeartbeatInterval
+	cfg.OnTransition = log.add
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	select {
+	case <-renewed:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%d renews and %d acquisitions in 5s; want renews of one term", renews.Load(), acquires.Load())
+	}
+	if !c.IsLeader() || acquires.Load() != 1 {
+		t.Fatalf("after %d renews: IsLeader %v, %d acquisitions; want one term", renews.Load(), c.IsLeader(), acquires.Load())
+	}
+	for _, e := range log.all() {
+		if e.Kind == cluster.EventLeaseLost {
+			t.Fatalf("lost the lease: %+v", e)
+		}
 	}
 }

@@ -41,6 +41,7 @@ const (
 const (
 	DefaultLeaseTTL          = 30 * time.Second
 	MinLeaseTTL              = time.Second
+	MaxLeaseTTL              = 24 * time.Hour
 	DefaultHeartbeatInterval = 10 * time.Second
 	MinHeartbeatInterval     = 100 * time.Millisecond
 	DefaultTablePrefix       = "cluster_"
@@ -75,7 +76,9 @@ type Config struct {
 
 	// LeaseTTL is how long a granted or renewed lease lasts by the database
 	// clock; it bounds how long a crashed leader blocks a takeover.
-	// Default 30s, minimum 1s.
+	// Default 30s, minimum 1s, maximum 24h ([MaxLeaseTTL]), in whole
+	// milliseconds. The maximum keeps every deadline derived from it on the
+	// monotonic clock far from overflowing.
 	LeaseTTL time.Duration
 
 	// HeartbeatInterval is how often the leader renews its lease, and the
@@ -188,6 +191,9 @@ func (c Config) resolve() (Config, error) {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	if c.LeaseTTL < MinLeaseTTL {
 		return c, configErrorf("LeaseTTL (%v) must be at least %v", c.LeaseTTL, MinLeaseTTL)
+	}
+	if c.LeaseTTL > MaxLeaseTTL {
+		return c, configErrorf("LeaseTTL (%v) must be at most %v", c.LeaseTTL, MaxLeaseTTL)
 	}
 	if c.LeaseTTL%time.Millisecond != 0 {
 		return c, configErrorf("LeaseTTL (%v) must be a whole number of milliseconds", c.LeaseTTL)
