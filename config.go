@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"reflect"
@@ -55,7 +56,47 @@ const (
 	maxEndpointLen  = 2048
 )
 
-var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxIdentifierLen is the longest identifier PostgreSQL keeps
+// (NAMEDATALEN-1), the strictest of the dialects: MySQL and MariaDB allow
+// 64 bytes. PostgreSQL silently truncates a longer name, so two prefixes
+// could build the same table.
+const maxIdentifierLen = 63
+
+// longestSchemaName is the longest name the schema builds from the table
+// prefix, with "{{prefix}}" in place of it, and maxPrefixLen the longest
+// TablePrefix for which every such name fits maxIdentifierLen. Both follow
+// the embedded schema files, so a longer name added there lowers the limit.
+var (
+	longestSchemaName = schemaLongestName()
+	maxPrefixLen      = maxIdentifierLen - (len(longestSchemaName) - len(prefixPlaceholder))
+)
+
+const prefixPlaceholder = "{{prefix}}"
+
+// schemaLongestName scans the embedded schema files for the longest
+// identifier of the form {{prefix}}[a-z0-9_]+.
+func schemaLongestName() string {
+	names, err := fs.Glob(schemaFS, "schema/*.sql")
+	if err != nil || len(names) == 0 {
+		panic("cluster: no embedded schema files") // a build defect, not input
+	}
+	ident := regexp.MustCompile(regexp.QuoteMeta(prefixPlaceholder) + `[a-z0-9_]+`)
+	longest := ""
+	for _, name := range names {
+		b, err := schemaFS.ReadFile(name)
+		if err != nil {
+			panic("cluster: unreadable embedded " + name)
+		}
+		for _, m := range ident.FindAll(b, -1) {
+			if len(m) > len(longest) {
+				longest = string(m)
+			}
+		}
+	}
+	return longest
+}
 
 // Config configures a [Cluster]. Only NodeID and one of DB or Provider are
 // required; every zero field takes the default its comment gives.
@@ -112,8 +153,12 @@ type Config struct {
 	// driver (pgx, modernc.org/sqlite or go-sql-driver/mysql).
 	Dialect Dialect
 
-	// TablePrefix prefixes the names of the cluster tables. Default
-	// "cluster_"; it must match ^[a-z_][a-z0-9_]{0,39}$.
+	// TablePrefix prefixes the names of the cluster tables, and of their
+	// triggers and constraints. Default "cluster_"; it must match
+	// ^[a-z_][a-z0-9_]*$ and be short enough that the longest name built
+	// from it fits PostgreSQL's 63-byte identifiers, so no dialect truncates
+	// or refuses one. The limit follows the schema; [Config.Validate]'s
+	// error for a longer prefix gives it.
 	TablePrefix string
 
 	// Provider replaces the database row as the store of the lease. When
@@ -226,6 +271,10 @@ func (c Config) resolve() (Config, error) {
 	c.TablePrefix = cmp.Or(c.TablePrefix, DefaultTablePrefix)
 	if !prefixPattern.MatchString(c.TablePrefix) {
 		return c, configErrorf("TablePrefix (%q) must match %s", c.TablePrefix, prefixPattern)
+	}
+	if len(c.TablePrefix) > maxPrefixLen {
+		return c, configErrorf("TablePrefix (%q, %d bytes) must be at most %d bytes: the longest table, trigger or constraint name built from it (%q) must fit PostgreSQL's %d-byte identifiers",
+			c.TablePrefix, len(c.TablePrefix), maxPrefixLen, strings.Replace(longestSchemaName, prefixPlaceholder, c.TablePrefix, 1), maxIdentifierLen)
 	}
 	if c.Provider == nil {
 		if c.DB == nil {

@@ -57,9 +57,10 @@ func TestConfigErrors(t *testing.T) {
 		{"endpoint control", func(c *cluster.Config) { c.Endpoint = "https://a.internal/\r\nX-Evil: 1" }, []string{"Endpoint", "control"}},
 		{"endpoint space", func(c *cluster.Config) { c.Endpoint = "https://a internal" }, []string{"Endpoint", "control characters or spaces"}},
 		{"endpoint too long", func(c *cluster.Config) { c.Endpoint = "https://a.internal/" + strings.Repeat("x", 2048) }, []string{"Endpoint", "2048"}},
-		{"prefix uppercase", func(c *cluster.Config) { c.TablePrefix = "Cluster_" }, []string{"TablePrefix", `"Cluster_"`, "^[a-z_][a-z0-9_]{0,39}$"}},
+		{"prefix uppercase", func(c *cluster.Config) { c.TablePrefix = "Cluster_" }, []string{"TablePrefix", `"Cluster_"`, "^[a-z_][a-z0-9_]*$"}},
 		{"prefix injection", func(c *cluster.Config) { c.TablePrefix = "x; DROP TABLE y; --" }, []string{"TablePrefix"}},
-		{"prefix too long", func(c *cluster.Config) { c.TablePrefix = strings.Repeat("a", 41) }, []string{"TablePrefix"}},
+		{"prefix too long", func(c *cluster.Config) { c.TablePrefix = strings.Repeat("a", 41) },
+			[]string{"TablePrefix (\"" + strings.Repeat("a", 41) + "\", 41 bytes)", "at most", "PostgreSQL's 63-byte identifiers", strings.Repeat("a", 41) + "chain_tips"}},
 		{"no db", func(c *cluster.Config) { c.DB = nil }, []string{"DB is required"}},
 		{"bad dialect", func(c *cluster.Config) { c.Dialect = "oracle" }, []string{"Dialect", `"oracle"`}},
 		{"wrong dialect", func(c *cluster.Config) { c.Dialect = cluster.Postgres }, []string{"Dialect", `"postgres"`, "modernc.org/sqlite", `"sqlite"`}},
@@ -142,7 +143,7 @@ func FuzzConfigValidate(f *testing.F) {
 		if !utf8.ValidString(nodeID) || strings.ContainsAny(nodeID, "\x00\n\r\t") || len(nodeID) > 255 {
 			t.Fatalf("accepted NodeID %q", nodeID)
 		}
-		if prefix != "" && !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`).MatchString(prefix) {
+		if prefix != "" && (!regexp.MustCompile(`^[a-z_][a-z0-9_]*$`).MatchString(prefix) || len(prefix)+len(longestSchemaSuffix(t)) > 63) {
 			t.Fatalf("accepted TablePrefix %q", prefix)
 		}
 		if endpoint != "" {
