@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -515,4 +516,35 @@ func TestLongestLeaseTTLStaysLeader(t *testing.T) {
 			t.Fatalf("lost the lease: %+v", e)
 		}
 	}
+}
+
+// Lease names Validate accepts that differ in Go are different leases on
+// every dialect: nodes can lead all of them at once. MySQL's utf8mb4_bin
+// ignores trailing spaces, so "jobs" and "jobs " must not both be
+// accepted.
+func TestAcceptedLeaseNamesAreDistinct(t *testing.T) {
+	t.Parallel()
+	candidates := []string{"jobs", "jobs ", " jobs", "jobs  ", "Jobs", "JOBS", "job s", "é", "e\u0301", "ß", "ss", "jobs\u00a0"}
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		var nodes []*node
+		for i, name := range candidates {
+			if (cluster.Config{NodeID: "n", LeaseName: name, Provider: &fakeProvider{}}).Validate() != nil {
+				continue
+			}
+			n := start(t, tg, fmt.Sprintf("n%d", i), func(c *cluster.Config) { c.LeaseName = name })
+			nodes = append(nodes, n)
+		}
+		if len(nodes) < 8 {
+			t.Fatalf("only %d of the names were accepted", len(nodes))
+		}
+		for _, n := range nodes {
+			if !n.IsLeader() {
+				l, err := n.CurrentLeader(context.Background())
+				t.Errorf("node %s does not lead its own lease (leader %+v, %v)", n.NodeID(), l, err)
+			}
+			if n.FencingToken() != 1 {
+				t.Errorf("node %s has token %d on a fresh lease; it shares a row", n.NodeID(), n.FencingToken())
+			}
+		}
+	})
 }

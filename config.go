@@ -104,7 +104,8 @@ type Config struct {
 	// NodeID names this node. It is required, must be stable across
 	// restarts, and must be unique among the running nodes: a second process
 	// with the same NodeID is refused the lease while the first holds it.
-	// At most 255 bytes of printable UTF-8.
+	// At most 255 bytes of printable UTF-8, not beginning or ending with a
+	// space.
 	NodeID string
 
 	// Role is RoleLeader (the default) to campaign for the lease, or
@@ -112,7 +113,10 @@ type Config struct {
 	Role Role
 
 	// LeaseName names the lease row, so several independent elections can
-	// share one table. Default "leader"; at most 128 bytes of printable UTF-8.
+	// share one table. Default "leader"; at most 128 bytes of printable
+	// UTF-8, not beginning or ending with a space: MySQL and MariaDB compare
+	// names ignoring trailing spaces, and every accepted name must be a
+	// lease of its own on every dialect.
 	LeaseName string
 
 	// LeaseTTL is how long a granted or renewed lease lasts by the database
@@ -360,6 +364,15 @@ func checkText(field, s string, max int) error {
 	}
 	if i := strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
 		return configErrorf("%s (%q) must not contain control or non-printing characters (found at byte %d)", field, s, i)
+	}
+	// The space is the only white space IsPrint lets through. MySQL and
+	// MariaDB compare our utf8mb4_bin columns ignoring trailing spaces, so
+	// "jobs" and "jobs " would name one row there and two elsewhere; a
+	// leading space is refused too, so the rule is easy to state.
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return configErrorf("%s (%q) must not begin or end with a space: MySQL and MariaDB ignore trailing spaces when comparing names, so it would not be distinct from the name without them", field, s)
 	}
 	return nil
 }
