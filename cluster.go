@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -67,6 +68,19 @@ var monoBase = time.Now()
 
 // mono returns the monotonic clock in nanoseconds; it is always positive.
 func mono() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// monoAfter returns the monotonic reading d after t. It saturates instead
+// of wrapping, so a deadline can never land in the past because a sum
+// overflowed. Every deadline on the monotonic clock is computed with it.
+func monoAfter(t int64, d time.Duration) int64 {
+	switch {
+	case d > 0 && t > math.MaxInt64-int64(d):
+		return math.MaxInt64
+	case d < 0 && t < math.MinInt64-int64(d):
+		return math.MinInt64
+	}
+	return t + int64(d)
+}
 
 // New validates cfg, prepares the lease store (creating the cluster tables
 // when cfg.Provider is nil), makes this node's first attempt to acquire the

@@ -3,11 +3,13 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -467,4 +469,82 @@ func TestCustomProviderErrorsAreNotFatal(t *testing.T) {
 	if c.IsLeader() {
 		t.Fatal("leads without a lease")
 	}
+}
+
+// A node with the longest lease Validate accepts acquires once and keeps
+// renewing: no deadline on the monotonic clock overflows into the past,
+// which would make it self-fence and re-acquire in a loop.
+func TestLongestLeaseTTLStaysLeader(t *testing.T) {
+	t.Parallel()
+	var acquires, renews atomic.Int64
+	renewed := make(chan struct{}, 1)
+	p := &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			n := acquires.Add(1)
+			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: uint64(n)}, nil
+		},
+		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+			if renews.Add(1) >= 5 {
+				select {
+				case renewed <- struct{}{}:
+				default:
+				}
+			}
+			return l, nil
+		},
+	}
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", p)
+	cfg.LeaseTTL = cluster.MaxLeaseTTL
+	cfg.FenceTimeout = 0 // the default, LeaseTTL - HeartbeatInterval
+	cfg.OnTransition = log.add
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	select {
+	case <-renewed:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%d renews and %d acquisitions in 5s; want renews of one term", renews.Load(), acquires.Load())
+	}
+	if !c.IsLeader() || acquires.Load() != 1 {
+		t.Fatalf("after %d renews: IsLeader %v, %d acquisitions; want one term", renews.Load(), c.IsLeader(), acquires.Load())
+	}
+	for _, e := range log.all() {
+		if e.Kind == cluster.EventLeaseLost {
+			t.Fatalf("lost the lease: %+v", e)
+		}
+	}
+}
+
+// Lease names Validate accepts that differ in Go are different leases on
+// every dialect: nodes can lead all of them at once. MySQL's utf8mb4_bin
+// ignores trailing spaces, so "jobs" and "jobs " must not both be
+// accepted.
+func TestAcceptedLeaseNamesAreDistinct(t *testing.T) {
+	t.Parallel()
+	candidates := []string{"jobs", "jobs ", " jobs", "jobs  ", "Jobs", "JOBS", "job s", "é", "e\u0301", "ß", "ss", "jobs\u00a0"}
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		var nodes []*node
+		for i, name := range candidates {
+			if (cluster.Config{NodeID: "n", LeaseName: name, Provider: &fakeProvider{}}).Validate() != nil {
+				continue
+			}
+			n := start(t, tg, fmt.Sprintf("n%d", i), func(c *cluster.Config) { c.LeaseName = name })
+			nodes = append(nodes, n)
+		}
+		if len(nodes) < 8 {
+			t.Fatalf("only %d of the names were accepted", len(nodes))
+		}
+		for _, n := range nodes {
+			if !n.IsLeader() {
+				l, err := n.CurrentLeader(context.Background())
+				t.Errorf("node %s does not lead its own lease (leader %+v, %v)", n.NodeID(), l, err)
+			}
+			if n.FencingToken() != 1 {
+				t.Errorf("node %s has token %d on a fresh lease; it shares a row", n.NodeID(), n.FencingToken())
+			}
+		}
+	})
 }

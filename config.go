@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"reflect"
@@ -41,6 +42,7 @@ const (
 const (
 	DefaultLeaseTTL          = 30 * time.Second
 	MinLeaseTTL              = time.Second
+	MaxLeaseTTL              = 24 * time.Hour
 	DefaultHeartbeatInterval = 10 * time.Second
 	MinHeartbeatInterval     = 100 * time.Millisecond
 	DefaultTablePrefix       = "cluster_"
@@ -54,7 +56,47 @@ const (
 	maxEndpointLen  = 2048
 )
 
-var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxIdentifierLen is the longest identifier PostgreSQL keeps
+// (NAMEDATALEN-1), the strictest of the dialects: MySQL and MariaDB allow
+// 64 bytes. PostgreSQL silently truncates a longer name, so two prefixes
+// could build the same table.
+const maxIdentifierLen = 63
+
+// longestSchemaName is the longest name the schema builds from the table
+// prefix, with "{{prefix}}" in place of it, and maxPrefixLen the longest
+// TablePrefix for which every such name fits maxIdentifierLen. Both follow
+// the embedded schema files, so a longer name added there lowers the limit.
+var (
+	longestSchemaName = schemaLongestName()
+	maxPrefixLen      = maxIdentifierLen - (len(longestSchemaName) - len(prefixPlaceholder))
+)
+
+const prefixPlaceholder = "{{prefix}}"
+
+// schemaLongestName scans the embedded schema files for the longest
+// identifier of the form {{prefix}}[a-z0-9_]+.
+func schemaLongestName() string {
+	names, err := fs.Glob(schemaFS, "schema/*.sql")
+	if err != nil || len(names) == 0 {
+		panic("cluster: no embedded schema files") // a build defect, not input
+	}
+	ident := regexp.MustCompile(regexp.QuoteMeta(prefixPlaceholder) + `[a-z0-9_]+`)
+	longest := ""
+	for _, name := range names {
+		b, err := schemaFS.ReadFile(name)
+		if err != nil {
+			panic("cluster: unreadable embedded " + name)
+		}
+		for _, m := range ident.FindAll(b, -1) {
+			if len(m) > len(longest) {
+				longest = string(m)
+			}
+		}
+	}
+	return longest
+}
 
 // Config configures a [Cluster]. Only NodeID and one of DB or Provider are
 // required; every zero field takes the default its comment gives.
@@ -62,7 +104,8 @@ type Config struct {
 	// NodeID names this node. It is required, must be stable across
 	// restarts, and must be unique among the running nodes: a second process
 	// with the same NodeID is refused the lease while the first holds it.
-	// At most 255 bytes of printable UTF-8.
+	// At most 255 bytes of printable UTF-8, not beginning or ending with a
+	// space.
 	NodeID string
 
 	// Role is RoleLeader (the default) to campaign for the lease, or
@@ -70,12 +113,17 @@ type Config struct {
 	Role Role
 
 	// LeaseName names the lease row, so several independent elections can
-	// share one table. Default "leader"; at most 128 bytes of printable UTF-8.
+	// share one table. Default "leader"; at most 128 bytes of printable
+	// UTF-8, not beginning or ending with a space: MySQL and MariaDB compare
+	// names ignoring trailing spaces, and every accepted name must be a
+	// lease of its own on every dialect.
 	LeaseName string
 
 	// LeaseTTL is how long a granted or renewed lease lasts by the database
 	// clock; it bounds how long a crashed leader blocks a takeover.
-	// Default 30s, minimum 1s.
+	// Default 30s, minimum 1s, maximum 24h ([MaxLeaseTTL]), in whole
+	// milliseconds. The maximum keeps every deadline derived from it on the
+	// monotonic clock far from overflowing.
 	LeaseTTL time.Duration
 
 	// HeartbeatInterval is how often the leader renews its lease, and the
@@ -109,8 +157,12 @@ type Config struct {
 	// driver (pgx, modernc.org/sqlite or go-sql-driver/mysql).
 	Dialect Dialect
 
-	// TablePrefix prefixes the names of the cluster tables. Default
-	// "cluster_"; it must match ^[a-z_][a-z0-9_]{0,39}$.
+	// TablePrefix prefixes the names of the cluster tables, and of their
+	// triggers and constraints. Default "cluster_"; it must match
+	// ^[a-z_][a-z0-9_]*$ and be short enough that the longest name built
+	// from it fits PostgreSQL's 63-byte identifiers, so no dialect truncates
+	// or refuses one. The limit follows the schema; [Config.Validate]'s
+	// error for a longer prefix gives it.
 	TablePrefix string
 
 	// Provider replaces the database row as the store of the lease. When
@@ -189,6 +241,9 @@ func (c Config) resolve() (Config, error) {
 	if c.LeaseTTL < MinLeaseTTL {
 		return c, configErrorf("LeaseTTL (%v) must be at least %v", c.LeaseTTL, MinLeaseTTL)
 	}
+	if c.LeaseTTL > MaxLeaseTTL {
+		return c, configErrorf("LeaseTTL (%v) must be at most %v", c.LeaseTTL, MaxLeaseTTL)
+	}
 	if c.LeaseTTL%time.Millisecond != 0 {
 		return c, configErrorf("LeaseTTL (%v) must be a whole number of milliseconds", c.LeaseTTL)
 	}
@@ -220,6 +275,10 @@ func (c Config) resolve() (Config, error) {
 	c.TablePrefix = cmp.Or(c.TablePrefix, DefaultTablePrefix)
 	if !prefixPattern.MatchString(c.TablePrefix) {
 		return c, configErrorf("TablePrefix (%q) must match %s", c.TablePrefix, prefixPattern)
+	}
+	if len(c.TablePrefix) > maxPrefixLen {
+		return c, configErrorf("TablePrefix (%q, %d bytes) must be at most %d bytes: the longest table, trigger or constraint name built from it (%q) must fit PostgreSQL's %d-byte identifiers",
+			c.TablePrefix, len(c.TablePrefix), maxPrefixLen, strings.Replace(longestSchemaName, prefixPlaceholder, c.TablePrefix, 1), maxIdentifierLen)
 	}
 	if c.Provider == nil {
 		if c.DB == nil {
@@ -305,6 +364,15 @@ func checkText(field, s string, max int) error {
 	}
 	if i := strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
 		return configErrorf("%s (%q) must not contain control or non-printing characters (found at byte %d)", field, s, i)
+	}
+	// The space is the only white space IsPrint lets through. MySQL and
+	// MariaDB compare our utf8mb4_bin columns ignoring trailing spaces, so
+	// "jobs" and "jobs " would name one row there and two elsewhere; a
+	// leading space is refused too, so the rule is easy to state.
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return configErrorf("%s (%q) must not begin or end with a space: MySQL and MariaDB ignore trailing spaces when comparing names, so it would not be distinct from the name without them", field, s)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"math"
 	"net/url"
 	"regexp"
 	"strings"
@@ -29,11 +30,26 @@ func TestConfigErrors(t *testing.T) {
 		{"node id too long", func(c *cluster.Config) { c.NodeID = strings.Repeat("x", 256) }, []string{"NodeID", "256 bytes", "255"}},
 		{"node id control char", func(c *cluster.Config) { c.NodeID = "a\nb" }, []string{"NodeID", `"a\nb"`, "control"}},
 		{"node id invalid utf8", func(c *cluster.Config) { c.NodeID = "a\xffb" }, []string{"NodeID", "UTF-8"}},
+		{"node id trailing space", func(c *cluster.Config) { c.NodeID = "n1 " }, []string{"NodeID", `"n1 "`, "begin or end with a space"}},
+		{"node id leading space", func(c *cluster.Config) { c.NodeID = " n1" }, []string{"NodeID", `" n1"`, "begin or end with a space"}},
+		{"node id no-break space", func(c *cluster.Config) { c.NodeID = "n1\u00a0" }, []string{"NodeID", "non-printing"}},
 		{"bad role", func(c *cluster.Config) { c.Role = "boss" }, []string{"Role", `"boss"`, `"leader"`, `"follower"`}},
 		{"lease name control char", func(c *cluster.Config) { c.LeaseName = "x\x00" }, []string{"LeaseName", "control"}},
+		{"lease name trailing space", func(c *cluster.Config) { c.LeaseName = "jobs " }, []string{"LeaseName", `"jobs "`, "begin or end with a space", "trailing spaces"}},
+		{"lease name leading space", func(c *cluster.Config) { c.LeaseName = " jobs" }, []string{"LeaseName", `" jobs"`, "begin or end with a space"}},
+		{"lease name only a space", func(c *cluster.Config) { c.LeaseName = " " }, []string{"LeaseName", `" "`, "begin or end with a space"}},
+		{"lease name ideographic space", func(c *cluster.Config) { c.LeaseName = "jobs\u3000" }, []string{"LeaseName", "non-printing"}},
+		{"chain name trailing space", func(c *cluster.Config) { c.Chains = []cluster.Chain{{Name: "audit ", Table: "audit"}} },
+			[]string{"Chains[0].Name", `"audit "`, "begin or end with a space"}},
+		{"chain name leading space", func(c *cluster.Config) {
+			c.Chains = []cluster.Chain{{Name: "audit", Table: "a"}, {Name: " audit", Table: "b"}}
+		},
+			[]string{"Chains[1].Name", `" audit"`, "begin or end with a space"}},
 		{"lease name too long", func(c *cluster.Config) { c.LeaseName = strings.Repeat("x", 129) }, []string{"LeaseName", "129 bytes", "128"}},
 		{"ttl too short", func(c *cluster.Config) { c.LeaseTTL = 500 * time.Millisecond }, []string{"LeaseTTL", "500ms", "1s"}},
 		{"ttl negative", func(c *cluster.Config) { c.LeaseTTL = -time.Second }, []string{"LeaseTTL", "-1s", "at least 1s"}},
+		{"ttl above max", func(c *cluster.Config) { c.LeaseTTL = 24*time.Hour + time.Millisecond }, []string{"LeaseTTL (24h0m0.001s) must be at most 24h0m0s"}},
+		{"ttl centuries", func(c *cluster.Config) { c.LeaseTTL = 290 * 365 * 24 * time.Hour }, []string{"LeaseTTL (2540400h0m0s)", "at most 24h0m0s"}},
 		{"ttl sub-millisecond", func(c *cluster.Config) { c.LeaseTTL = time.Second + time.Microsecond }, []string{"LeaseTTL", "1.000001s", "milliseconds"}},
 		{"heartbeat too short", func(c *cluster.Config) { c.HeartbeatInterval = 50 * time.Millisecond }, []string{"HeartbeatInterval", "50ms", "100ms"}},
 		{"heartbeat not below ttl", func(c *cluster.Config) { c.LeaseTTL = 30 * time.Second; c.HeartbeatInterval = 30 * time.Second },
@@ -54,9 +70,10 @@ func TestConfigErrors(t *testing.T) {
 		{"endpoint control", func(c *cluster.Config) { c.Endpoint = "https://a.internal/\r\nX-Evil: 1" }, []string{"Endpoint", "control"}},
 		{"endpoint space", func(c *cluster.Config) { c.Endpoint = "https://a internal" }, []string{"Endpoint", "control characters or spaces"}},
 		{"endpoint too long", func(c *cluster.Config) { c.Endpoint = "https://a.internal/" + strings.Repeat("x", 2048) }, []string{"Endpoint", "2048"}},
-		{"prefix uppercase", func(c *cluster.Config) { c.TablePrefix = "Cluster_" }, []string{"TablePrefix", `"Cluster_"`, "^[a-z_][a-z0-9_]{0,39}$"}},
+		{"prefix uppercase", func(c *cluster.Config) { c.TablePrefix = "Cluster_" }, []string{"TablePrefix", `"Cluster_"`, "^[a-z_][a-z0-9_]*$"}},
 		{"prefix injection", func(c *cluster.Config) { c.TablePrefix = "x; DROP TABLE y; --" }, []string{"TablePrefix"}},
-		{"prefix too long", func(c *cluster.Config) { c.TablePrefix = strings.Repeat("a", 41) }, []string{"TablePrefix"}},
+		{"prefix too long", func(c *cluster.Config) { c.TablePrefix = strings.Repeat("a", 41) },
+			[]string{"TablePrefix (\"" + strings.Repeat("a", 41) + "\", 41 bytes)", "at most", "PostgreSQL's 63-byte identifiers", strings.Repeat("a", 41) + "chain_tips"}},
 		{"no db", func(c *cluster.Config) { c.DB = nil }, []string{"DB is required"}},
 		{"bad dialect", func(c *cluster.Config) { c.Dialect = "oracle" }, []string{"Dialect", `"oracle"`}},
 		{"wrong dialect", func(c *cluster.Config) { c.Dialect = cluster.Postgres }, []string{"Dialect", `"postgres"`, "modernc.org/sqlite", `"sqlite"`}},
@@ -91,8 +108,10 @@ func TestConfigValid(t *testing.T) {
 		"http allowed":     {NodeID: "n1", DB: db, Endpoint: "http://127.0.0.1:8080", AllowInsecureEndpoint: true},
 		"ipv6 endpoint":    {NodeID: "n1", DB: db, Endpoint: "https://[::1]:8443"},
 		"short lease":      {NodeID: "n1", DB: db, LeaseTTL: time.Second},
+		"longest lease":    {NodeID: "n1", DB: db, LeaseTTL: 24 * time.Hour},
 		"explicit dialect": {NodeID: "n1", DB: db, Dialect: cluster.SQLite},
 		"unicode node id":  {NodeID: "nœud-1", DB: db},
+		"inner spaces":     {NodeID: "node 1", DB: db, LeaseName: "nightly jobs", Chains: []cluster.Chain{{Name: "audit log", Table: "audit"}}},
 		"custom provider":  {NodeID: "n1", Provider: &fakeProvider{}},
 		"follower":         {NodeID: "n1", DB: db, Role: cluster.RoleFollower},
 	} {
@@ -115,14 +134,19 @@ func TestConfigUnknownDriver(t *testing.T) {
 }
 
 // Whatever the input, Validate never panics, and what it accepts is safe
-// to store in the lease row and to use in SQL.
+// to store in the lease row, to use in SQL, and to add to a reading of the
+// monotonic clock.
 func FuzzConfigValidate(f *testing.F) {
-	f.Add("node-1", "https://node-1.internal:8443", "cluster_", "leader")
-	f.Add("", "http://x", "Cluster", "")
-	f.Add("n\x00", "https://u@h/#f", "a;drop", "l\n")
-	f.Add("nœud", "https://[::1]:8443/p?q=1", "_x9", "élection")
-	f.Fuzz(func(t *testing.T, nodeID, endpoint, prefix, lease string) {
-		cfg := cluster.Config{NodeID: nodeID, Endpoint: endpoint, TablePrefix: prefix, LeaseName: lease, Provider: &fakeProvider{}}
+	f.Add("node-1", "https://node-1.internal:8443", "cluster_", "leader", int64(0), int64(0), int64(0))
+	f.Add("", "http://x", "Cluster", "", int64(time.Second), int64(-1), int64(0))
+	f.Add("n\x00", "https://u@h/#f", "a;drop", "l\n", int64(-time.Hour), int64(time.Hour), int64(time.Hour))
+	f.Add("nœud", "https://[::1]:8443/p?q=1", "_x9", "élection", int64(24*time.Hour), int64(0), int64(0))
+	// Durations a process's monotonic clock cannot add to without wrapping.
+	f.Add("n", "", "", "", int64(math.MaxInt64/int64(time.Millisecond)*int64(time.Millisecond)), int64(100*time.Millisecond), int64(0))
+	f.Add("n", "", "", "", int64(290*365*24*time.Hour), int64(time.Second), int64(289*365*24*time.Hour))
+	f.Fuzz(func(t *testing.T, nodeID, endpoint, prefix, lease string, ttl, heartbeat, fence int64) {
+		cfg := cluster.Config{NodeID: nodeID, Endpoint: endpoint, TablePrefix: prefix, LeaseName: lease, Provider: &fakeProvider{},
+			LeaseTTL: time.Duration(ttl), HeartbeatInterval: time.Duration(heartbeat), FenceTimeout: time.Duration(fence)}
 		err := cfg.Validate()
 		if err != nil {
 			if !errors.Is(err, cluster.ErrInvalidConfig) {
@@ -133,7 +157,7 @@ func FuzzConfigValidate(f *testing.F) {
 		if !utf8.ValidString(nodeID) || strings.ContainsAny(nodeID, "\x00\n\r\t") || len(nodeID) > 255 {
 			t.Fatalf("accepted NodeID %q", nodeID)
 		}
-		if prefix != "" && !regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`).MatchString(prefix) {
+		if prefix != "" && (!regexp.MustCompile(`^[a-z_][a-z0-9_]*$`).MatchString(prefix) || len(prefix)+len(longestSchemaSuffix(t)) > 63) {
 			t.Fatalf("accepted TablePrefix %q", prefix)
 		}
 		if endpoint != "" {
@@ -142,5 +166,51 @@ func FuzzConfigValidate(f *testing.F) {
 				t.Fatalf("accepted Endpoint %q", endpoint)
 			}
 		}
+		r, err := cluster.ResolveConfig(cfg)
+		if err != nil {
+			t.Fatalf("Validate accepted what resolve refuses: %v", err)
+		}
+		checkDeadlines(t, r)
 	})
+}
+
+// checkDeadlines fails the test unless every timing of r, added to any
+// reading the monotonic clock of a process can take (it starts near 0 and
+// would need centuries to near the int64 limit), gives a later reading
+// without saturating.
+func checkDeadlines(t *testing.T, r cluster.Config) {
+	t.Helper()
+	const uptime = 200 * 365 * 24 * time.Hour
+	for name, d := range map[string]time.Duration{"LeaseTTL": r.LeaseTTL, "HeartbeatInterval": r.HeartbeatInterval, "FenceTimeout": r.FenceTimeout} {
+		if d <= 0 || d > cluster.MaxLeaseTTL {
+			t.Fatalf("accepted %s %v, outside (0, MaxLeaseTTL]", name, d)
+		}
+		for _, start := range []int64{1, int64(uptime)} {
+			if end := cluster.MonoAfter(start, d); end <= start || end-start != int64(d) || end == math.MaxInt64 {
+				t.Fatalf("%s %v after monotonic reading %d gives %d: the deadline arithmetic overflows", name, d, start, end)
+			}
+		}
+	}
+}
+
+// Deadlines saturate rather than wrap, whatever is added.
+func TestMonoAfterSaturates(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		start int64
+		d     time.Duration
+		want  int64
+	}{
+		{1, time.Second, 1 + int64(time.Second)},
+		{math.MaxInt64 - 10, 10, math.MaxInt64},
+		{math.MaxInt64 - 10, 11, math.MaxInt64},
+		{1, math.MaxInt64, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64, math.MaxInt64},
+		{int64(time.Hour), -time.Minute, int64(time.Hour - time.Minute)},
+		{math.MinInt64 + 1, -2, math.MinInt64},
+	} {
+		if got := cluster.MonoAfter(tt.start, tt.d); got != tt.want {
+			t.Errorf("MonoAfter(%d, %d) = %d, want %d", tt.start, tt.d, got, tt.want)
+		}
+	}
 }

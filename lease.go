@@ -64,7 +64,7 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	now := mono()
 	switch {
 	case err == nil && now < until:
-		t.until.Store(start + int64(c.cfg.FenceTimeout))
+		t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 		if c.renewFailures > 0 {
 			c.log.InfoContext(ctx, "cluster: renew succeeded after failures", "fencing_token", t.lease.FencingToken, "failures", c.renewFailures)
 			c.renewFailures = 0
@@ -156,7 +156,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			return c.cfg.HeartbeatInterval
 		}
 		t := &term{lease: l}
-		t.until.Store(start + int64(c.cfg.FenceTimeout))
+		t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 		c.mu.Lock()
 		if c.stopped {
 			c.unsure = true // Shutdown releases it
@@ -214,7 +214,7 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 	if !c.checksRollback() {
 		return nil
 	}
-	vctx, cancel := context.WithTimeout(ctx, time.Duration(start+int64(c.cfg.FenceTimeout)-mono()))
+	vctx, cancel := context.WithTimeout(ctx, time.Duration(monoAfter(start, c.cfg.FenceTimeout)-mono()))
 	err := c.verifyIntegrity(vctx, l.FencingToken)
 	cancel()
 	if err == nil {

@@ -4,6 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -93,6 +97,67 @@ func TestMissingTableIsSchemaError(t *testing.T) {
 		_, err := p.Leader(ctx, "leader")
 		if !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "missing") {
 			t.Fatalf("Leader without the lease table = %v, want ErrSchema saying the table is missing", err)
+		}
+	})
+}
+
+// longestSchemaSuffix reads the schema files for the longest identifier
+// they build from the table prefix, {{prefix}} followed by [a-z0-9_]+, and
+// returns what follows the prefix.
+func longestSchemaSuffix(t testing.TB) string {
+	t.Helper()
+	files, err := filepath.Glob("schema/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("schema files: %v, %v", files, err)
+	}
+	longest := ""
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`\{\{prefix\}\}([a-z0-9_]+)`).FindAllSubmatch(b, -1) {
+			if len(m[1]) > len(longest) {
+				longest = string(m[1])
+			}
+		}
+	}
+	return longest
+}
+
+// The longest TablePrefix Validate accepts builds every table, trigger and
+// constraint on every dialect, and the schema works under it; one byte
+// more is refused. PostgreSQL would truncate a longer name (so prefixes
+// differing past the limit would share tables) and MySQL would refuse it.
+func TestLongestTablePrefix(t *testing.T) {
+	t.Parallel()
+	limit := 63 - len(longestSchemaSuffix(t))
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		// Keep the target's unique prefix in front, so its tables are
+		// dropped with the test's.
+		tg.Prefix += strings.Repeat("x", limit-len(tg.Prefix))
+		db := tg.Open(t)
+		tooLong := tg.Config(t, db, "a")
+		tooLong.TablePrefix += "x"
+		if err := tooLong.Validate(); !errors.Is(err, cluster.ErrInvalidConfig) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("%d bytes) must be at most %d bytes", limit+1, limit)) {
+			t.Fatalf("Validate with a %d-byte prefix = %v, want ErrInvalidConfig naming the limit %d", limit+1, err, limit)
+		}
+
+		table := createAuditTable(t, tg, db)
+		a := startOn(t, tg, db, "a", withAudit(table))
+		if !a.IsLeader() {
+			t.Fatal("no leader under the longest prefix")
+		}
+		appendAudit(t, tg, a, table, 1, 2) // Fence and AdvanceTip, through the tip triggers
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"chain_tips SET at_counter = ?"), 1); err == nil {
+			t.Fatal("the tip guard trigger did not refuse a tip moving backwards")
 		}
 	})
 }
