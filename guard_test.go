@@ -291,3 +291,72 @@ func (r *logRecorder) has(part string) bool {
 	}
 	return false
 }
+
+// An application role that does not own the cluster tables and holds only
+// the rights the README lists can lead, fence and advance tips, and cannot
+// remove or bypass the guards.
+func TestLeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} { // SQLite has no roles
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			tg := testdb.New(t, d)
+			ctx := context.Background()
+			owner := tg.Open(t)
+			table := createAuditTable(t, tg, owner)
+			start(t, tg, "migrator", withAudit(table)).Shutdown(ctx) // creates the schema as the owner
+
+			var dsn string
+			if d == cluster.MySQL {
+				dsn = mysqlRole(t, tg, "SELECT, INSERT, UPDATE")
+			} else {
+				dsn = postgresRole(t, tg, owner, "SELECT, INSERT, UPDATE")
+			}
+			app := tg.OpenDSN(t, dsn)
+			a := startOn(t, tg, app, "a", withAudit(table))
+			if !a.IsLeader() {
+				t.Fatal("the application role does not lead")
+			}
+			appendAudit(t, tg, a, table, 1, 2)
+			for _, q := range []string{
+				"TRUNCATE " + tg.Prefix + "lease",
+				"DROP TRIGGER " + map[cluster.Dialect]string{cluster.Postgres: tg.Prefix + "lease_guard ON " + tg.Prefix + "lease", cluster.MySQL: tg.Prefix + "lease_update_v3"}[d],
+				"DROP TABLE " + tg.Prefix + "high_water",
+			} {
+				if _, err := app.ExecContext(ctx, q); err == nil || !(strings.Contains(err.Error(), "denied") || strings.Contains(err.Error(), "42501")) {
+					t.Errorf("the application role ran %q: %v", q, err)
+				}
+			}
+		})
+	}
+}
+
+// postgresRole creates a PostgreSQL login role with privs on the test's
+// tables, dropped when the test ends, and returns a DSN for it.
+func postgresRole(t *testing.T, tg testdb.Target, db *sql.DB, privs string) string {
+	t.Helper()
+	ctx := context.Background()
+	role := strings.TrimSuffix(tg.Prefix, "_") + "_app"
+	rows, err := db.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_name LIKE $1", tg.Prefix+"%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	for rows.Next() {
+		var n string
+		rows.Scan(&n)
+		tables = append(tables, n)
+	}
+	rows.Close()
+	if _, err := db.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP OWNED BY "+role)
+		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	if _, err := db.ExecContext(ctx, "GRANT "+privs+" ON "+strings.Join(tables, ", ")+" TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	return testdb.WithUser(t, tg, role, "pw")
+}
