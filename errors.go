@@ -117,6 +117,8 @@ type LeaseHeldError struct {
 	// Instance identifies the holder's process; two processes started with
 	// the same NodeID have different instances.
 	Instance string
+	// Endpoint is the holder's [Config.Endpoint], empty when not configured.
+	Endpoint string
 	// FencingToken is the holder's fencing token.
 	FencingToken uint64
 	// ExpiresAt is when the lease expires, by the database clock. Do not

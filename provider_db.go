@@ -360,7 +360,7 @@ func (r row) lease(name string) Lease {
 }
 
 func (r row) held() *LeaseHeldError {
-	return &LeaseHeldError{Holder: r.holder, Instance: r.instance, FencingToken: uint64(r.token),
+	return &LeaseHeldError{Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint, FencingToken: uint64(r.token),
 		ExpiresAt: time.UnixMilli(r.expiresAt), Remaining: time.Duration(r.expiresAt-r.now) * time.Millisecond}
 }
 

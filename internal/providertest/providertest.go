@@ -71,8 +71,8 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		l := acquire(t, a, "a")
 		_, err := b.Acquire(ctx, req("b"))
 		held := mustHeld(t, err, "a", l.FencingToken)
-		if held.Instance != "a-instance" {
-			t.Fatalf("held.Instance = %q", held.Instance)
+		if held.Instance != "a-instance" || held.Endpoint != "https://a" {
+			t.Fatalf("held.Instance = %q, held.Endpoint = %q, want a-instance and https://a", held.Instance, held.Endpoint)
 		}
 		// The same node asking again does not get a second term either.
 		_, err = a.Acquire(ctx, req("a"))
