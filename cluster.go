@@ -43,9 +43,13 @@ type Cluster struct {
 	renewFailures int    // consecutive failed renews of the current term
 	halted        error  // why campaigning stopped for good (a detected rollback)
 
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup
-	shutdown    sync.Once
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// shutDone is made by the first Shutdown and closed when it returns,
+	// after it set shutdownErr.
+	shutMu      sync.Mutex
+	shutDone    chan struct{}
 	shutdownErr error
 	down        atomic.Bool
 
@@ -241,7 +245,8 @@ func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 // event at a time, in the order of the transitions and, for one event, in
 // the order they were registered. A slow handler delays later events but
 // never the heartbeat; a handler that panics is logged and the next one
-// runs. A nil f is ignored.
+// runs. A handler may call [Cluster.Shutdown], which then does not wait
+// for the handlers' goroutine. A nil f is ignored.
 func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 
 // Shutdown stops the heartbeat, releases the lease if this node holds it,
@@ -250,14 +255,55 @@ func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 //
 // The release runs on a context the caller cannot cancel, bounded by
 // [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
-// ctx bounds only the wait for transition handlers. Shutdown is idempotent;
-// later calls return the first call's result.
+// ctx bounds only the waits for transition handlers and for a Shutdown
+// already in progress. Shutdown is idempotent: a later call waits for the
+// first to finish and returns its result.
+//
+// A transition handler may call Shutdown. Called from a handler, Shutdown
+// does everything but wait for the handlers' goroutine, which it runs on:
+// the events still queued, including the final lease-released, are
+// delivered after the handler returns, and the goroutine then exits (a
+// later Shutdown from elsewhere waits for that). A handler that calls
+// Shutdown while another call is in progress (one that may be waiting for
+// that very handler) gets nil at once, or the first call's result if it
+// has finished.
 func (c *Cluster) Shutdown(ctx context.Context) error {
-	c.shutdown.Do(func() { c.shutdownErr = c.stop(ctx) })
+	onHandler := c.events.current()
+	c.shutMu.Lock()
+	done := c.shutDone
+	if done == nil {
+		c.shutDone = make(chan struct{})
+		first := c.shutDone
+		c.shutMu.Unlock()
+		c.shutdownErr = c.stop(ctx, !onHandler)
+		close(first)
+		return c.shutdownErr
+	}
+	c.shutMu.Unlock()
+	if onHandler {
+		select {
+		case <-done:
+			return c.shutdownErr
+		default:
+			return nil
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: waiting for Shutdown in progress: %w", ctx.Err())
+	}
+	// The first call may have run in a handler, which does not wait for
+	// the handlers' goroutine.
+	if err := c.events.wait(ctx); err != nil {
+		return errors.Join(c.shutdownErr, fmt.Errorf("cluster: waiting for transition handlers: %w", err))
+	}
 	return c.shutdownErr
 }
 
-func (c *Cluster) stop(ctx context.Context) error {
+// stop is the first Shutdown. waitHandlers is false when it runs on the
+// handlers' goroutine, which cannot wait for itself.
+func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.mu.Lock()
 	c.stopped = true
 	t := c.term.Swap(nil)
@@ -295,6 +341,9 @@ func (c *Cluster) stop(ctx context.Context) error {
 		}
 	}
 	c.events.close()
+	if !waitHandlers {
+		return err
+	}
 	if werr := c.events.wait(ctx); werr != nil {
 		err = errors.Join(err, fmt.Errorf("cluster: waiting for transition handlers: %w", werr))
 	}

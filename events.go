@@ -1,9 +1,13 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,6 +64,7 @@ type Event struct {
 // rare (a few per term).
 type dispatcher struct {
 	log *slog.Logger
+	gid atomic.Uint64 // the goroutine's id, see current
 
 	mu       sync.Mutex
 	handlers []func(Event)
@@ -119,7 +124,37 @@ func (d *dispatcher) wait(ctx context.Context) error {
 	}
 }
 
+// current reports whether it is called on the dispatcher's goroutine, that
+// is, from a handler. It parses a stack header, so it is for Shutdown's
+// path only, never a hot one.
+func (d *dispatcher) current() bool {
+	id := goroutineID()
+	return id != 0 && id == d.gid.Load()
+}
+
+// goroutineID returns the id of the calling goroutine, read from the
+// "goroutine N [" header of its stack, or 0 if the header cannot be read.
+// Go offers no other way; the id is only ever compared for equality.
+func goroutineID() uint64 {
+	var buf [64]byte
+	b, ok := bytes.CutPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
+	if !ok {
+		return 0
+	}
+	if i := bytes.IndexByte(b, ' '); i >= 0 {
+		b = b[:i]
+	}
+	id, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return id
+}
+
 func (d *dispatcher) run() {
+	// Recorded before any handler runs, so a handler that asks always
+	// finds it.
+	d.gid.Store(goroutineID())
 	defer close(d.done)
 	for {
 		d.mu.Lock()

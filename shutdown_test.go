@@ -1,0 +1,343 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// shutdownBound is how long a Shutdown may take in these tests: a release
+// is bounded by one heartbeat (100ms).
+const shutdownBound = 3 * time.Second
+
+// handlerShutdown is a transition handler that calls Shutdown on the first
+// event it matches. Hand it its Cluster with give once New returns: an
+// event emitted during New waits for it.
+type handlerShutdown struct {
+	match  func(cluster.Event) bool
+	call   func(context.Context) error // what the handler calls; default the Cluster's Shutdown
+	ready  chan *cluster.Cluster
+	result chan error
+	fired  atomic.Bool
+}
+
+func shutdownOn(match func(cluster.Event) bool) *handlerShutdown {
+	return &handlerShutdown{match: match, ready: make(chan *cluster.Cluster, 1), result: make(chan error, 1)}
+}
+
+func shutdownOnKind(kind cluster.EventKind) *handlerShutdown {
+	return shutdownOn(func(e cluster.Event) bool { return e.Kind == kind })
+}
+
+func (h *handlerShutdown) give(c *cluster.Cluster) { h.ready <- c }
+
+func (h *handlerShutdown) handle(e cluster.Event) {
+	if !h.match(e) || h.fired.Swap(true) {
+		return
+	}
+	call := h.call
+	if call == nil {
+		call = (<-h.ready).Shutdown
+	}
+	h.result <- call(context.Background())
+}
+
+// wait fails the test unless the handler's Shutdown returned within the
+// bound, and returns its result.
+func (h *handlerShutdown) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-h.result:
+		return err
+	case <-time.After(shutdownBound):
+		t.Fatalf("Shutdown called from a handler did not return within %v", shutdownBound)
+		return nil
+	}
+}
+
+// withHandler adds h after the handler the config already has.
+func withHandler(h func(cluster.Event)) func(*cluster.Config) {
+	return func(c *cluster.Config) {
+		prev := c.OnTransition
+		c.OnTransition = func(e cluster.Event) {
+			if prev != nil {
+				prev(e)
+			}
+			h(e)
+		}
+	}
+}
+
+// shutdownWithin calls Shutdown from the test and fails unless it returns
+// within the bound. Called after a handler's Shutdown, it waits for the
+// handlers' goroutine to exit, so goleak finds nothing left.
+func shutdownWithin(t *testing.T, c *cluster.Cluster) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
+	defer cancel()
+	return c.Shutdown(ctx)
+}
+
+// leaseBook is a one-lease store for a fake provider: it grants the lease
+// when free, renews and releases only the term that holds it.
+type leaseBook struct {
+	mu       sync.Mutex
+	holder   string // instance holding the lease, "" when free
+	token    uint64
+	failRen  bool // renews fail with a transient error
+	released chan uint64
+}
+
+func newLeaseBook() *leaseBook { return &leaseBook{released: make(chan uint64, 16)} }
+
+func (b *leaseBook) provider() *fakeProvider {
+	return &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.holder != "" {
+				return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: b.holder, FencingToken: b.token, Remaining: time.Second}
+			}
+			b.token++
+			b.holder = r.Instance
+			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: b.token}, nil
+		},
+		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			switch {
+			case b.holder != l.Instance || b.token != l.FencingToken:
+				return l, cluster.ErrLeaseLost
+			case b.failRen:
+				return l, errors.New("store unavailable")
+			}
+			return l, nil
+		},
+		ReleaseFunc: func(_ context.Context, l cluster.Lease) error {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.holder == l.Instance && (l.FencingToken == 0 || l.FencingToken == b.token) {
+				b.holder = ""
+				b.released <- b.token
+			}
+			return nil
+		},
+	}
+}
+
+// take hands the lease to another node behind its holder's back.
+func (b *leaseBook) take() {
+	b.mu.Lock()
+	b.token++
+	b.holder = "other-instance"
+	b.mu.Unlock()
+}
+
+func (b *leaseBook) failRenews() {
+	b.mu.Lock()
+	b.failRen = true
+	b.mu.Unlock()
+}
+
+func (b *leaseBook) held() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holder != "" && b.holder != "other-instance"
+}
+
+// startBook starts node "a" over book with the handler h, then the
+// handlers of edit.
+func startBook(t *testing.T, book *leaseBook, h *handlerShutdown, edit ...func(*cluster.Config)) *node {
+	t.Helper()
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", book.provider())
+	cfg.OnTransition = log.add
+	withHandler(h.handle)(&cfg)
+	for _, e := range edit {
+		e(&cfg)
+	}
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	h.give(c)
+	return &node{Cluster: c, events: log}
+}
+
+// A handler may call Shutdown, whatever the event: it returns promptly,
+// the lease is released, the remaining events are delivered, and no
+// goroutine is left.
+func TestShutdownFromHandler(t *testing.T) {
+	t.Parallel()
+	reason := func(kind cluster.EventKind, reason string) func(cluster.Event) bool {
+		return func(e cluster.Event) bool { return e.Kind == kind && e.Reason == reason }
+	}
+
+	t.Run("lease-acquired", func(t *testing.T) {
+		t.Parallel()
+		book := newLeaseBook()
+		h := shutdownOnKind(cluster.EventLeaseAcquired)
+		a := startBook(t, book, h)
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler = %v", err)
+		}
+		if a.IsLeader() || book.held() {
+			t.Fatalf("after Shutdown: IsLeader %v, lease held %v", a.IsLeader(), book.held())
+		}
+		if err := shutdownWithin(t, a.Cluster); err != nil {
+			t.Fatalf("second Shutdown = %v", err)
+		}
+		// The release was reported after the handler returned.
+		e := a.events.wait(t, cluster.EventLeaseReleased, time.Second)
+		if e.FencingToken != 1 || e.Reason != cluster.ReasonShutdown {
+			t.Fatalf("released event = %+v", e)
+		}
+	})
+
+	t.Run("lease-lost/self-fenced", func(t *testing.T) {
+		t.Parallel()
+		book := newLeaseBook()
+		h := shutdownOn(reason(cluster.EventLeaseLost, cluster.ReasonSelfFenced))
+		a := startBook(t, book, h)
+		book.failRenews()
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler = %v", err)
+		}
+		if err := shutdownWithin(t, a.Cluster); err != nil {
+			t.Fatalf("second Shutdown = %v", err)
+		}
+		if a.IsLeader() || book.held() {
+			t.Fatalf("after Shutdown: IsLeader %v, lease held %v", a.IsLeader(), book.held())
+		}
+	})
+
+	t.Run("lease-lost/lease-taken", func(t *testing.T) {
+		t.Parallel()
+		book := newLeaseBook()
+		h := shutdownOn(reason(cluster.EventLeaseLost, cluster.ReasonLeaseTaken))
+		a := startBook(t, book, h)
+		book.take()
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler = %v", err)
+		}
+		if err := shutdownWithin(t, a.Cluster); err != nil {
+			t.Fatalf("second Shutdown = %v", err)
+		}
+		if a.IsLeader() || book.held() {
+			t.Fatalf("after Shutdown: IsLeader %v, lease held by a %v", a.IsLeader(), book.held())
+		}
+	})
+
+	// The test's Shutdown waits for the handlers, one of which calls
+	// Shutdown: that call must not wait for the first.
+	t.Run("lease-released", func(t *testing.T) {
+		t.Parallel()
+		book := newLeaseBook()
+		h := shutdownOnKind(cluster.EventLeaseReleased)
+		a := startBook(t, book, h)
+		if err := shutdownWithin(t, a.Cluster); err != nil {
+			t.Fatalf("Shutdown = %v", err)
+		}
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler during the first = %v, want nil", err)
+		}
+		if book.held() {
+			t.Fatal("lease still held")
+		}
+	})
+
+	t.Run("rollback-detected", func(t *testing.T) {
+		t.Parallel()
+		testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+			ctx := context.Background()
+			db, table, a := auditLeader(t, tg, 3)
+			h := shutdownOnKind(cluster.EventRollbackDetected)
+			b := start(t, tg, "b", withAudit(table), withHandler(h.handle))
+			h.give(b.Cluster)
+			if _, err := db.ExecContext(ctx, "DELETE FROM "+table+" WHERE monotonic_counter = 3"); err != nil {
+				t.Fatal(err)
+			}
+			a.Shutdown(ctx) // b takes over and finds the chain rolled back
+			if err := h.wait(t); err != nil {
+				t.Fatalf("Shutdown from the handler = %v", err)
+			}
+			if err := shutdownWithin(t, b.Cluster); err != nil {
+				t.Fatalf("second Shutdown = %v", err)
+			}
+			// b released the lease: a node without the chain leads at once.
+			if c := start(t, tg, "c"); !c.IsLeader() {
+				t.Fatal("the lease was not released")
+			}
+		})
+	})
+
+	t.Run("vault-key-rotated", func(t *testing.T) {
+		t.Parallel()
+		testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+			a, err := vaultNode(t, tg, "a", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Shutdown(context.Background())
+			// The event is emitted during New, before the handler can have
+			// its Cluster; it waits for it.
+			h := shutdownOnKind(cluster.EventVaultKeyRotated)
+			b, err := vaultNode(t, tg, "b", 1, func(c *cluster.Config) { c.AcceptVaultKeyRotation = true }, withHandler(h.handle))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !b.IsLeader() {
+				t.Fatal("b does not lead after New")
+			}
+			h.give(b.Cluster)
+			if err := h.wait(t); err != nil {
+				t.Fatalf("Shutdown from the handler = %v", err)
+			}
+			if err := shutdownWithin(t, b.Cluster); err != nil {
+				t.Fatalf("second Shutdown = %v", err)
+			}
+			if c, err := vaultNode(t, tg, "c", 1); err != nil || !c.IsLeader() {
+				t.Fatalf("after b's Shutdown from its handler: New = %v, leads %v; want the lease released", err, c != nil && c.IsLeader())
+			}
+		})
+	})
+}
+
+// A Shutdown called while another is under way waits for it, and for the
+// handlers' goroutine to exit when the first ran in a handler.
+func TestShutdownWaitsForShutdownInHandler(t *testing.T) {
+	t.Parallel()
+	book := newLeaseBook()
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	h := shutdownOnKind(cluster.EventLeaseAcquired)
+	// The lease-released event of the handler's Shutdown is held up here.
+	a := startBook(t, book, h, withHandler(func(e cluster.Event) {
+		if e.Kind == cluster.EventLeaseReleased {
+			close(entered)
+			<-proceed
+		}
+	}))
+	if err := h.wait(t); err != nil {
+		t.Fatalf("Shutdown from the handler = %v", err)
+	}
+	<-entered
+	second := make(chan error, 1)
+	go func() { second <- shutdownWithin(t, a.Cluster) }()
+	select {
+	case err := <-second:
+		t.Fatalf("second Shutdown returned (%v) while a handler still ran", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(proceed)
+	if err := <-second; err != nil {
+		t.Fatalf("second Shutdown = %v", err)
+	}
+}
