@@ -38,10 +38,28 @@ type Cluster struct {
 	// committed anyway, so Shutdown releases whatever this instance holds.
 	unsure bool
 
+	// retiring is a term that ended by Shutdown or Resign but whose leader
+	// work is still stopping: the heartbeat keeps renewing it, so no other
+	// node can start the same work until the lease is released.
+	retiring atomic.Pointer[term]
+	// holdUntil is the monotonic time before which a node that resigned
+	// does not campaign.
+	holdUntil atomic.Int64
+
 	// Owned by the heartbeat goroutine.
 	warnedDup     string // instance of a same-NodeID holder already logged
 	renewFailures int    // consecutive failed renews of the current term
 	halted        error  // why campaigning stopped for good (a detected rollback)
+
+	// seen is the last term (or free lease) this node observed, for
+	// leader-changed events.
+	seenMu sync.Mutex
+	seen   observed
+
+	// Leader work (RunWhileLeader).
+	workers map[*worker]struct{} // under mu
+	work    workCount
+	downCh  chan struct{} // closed when Shutdown begins
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -54,7 +72,8 @@ type Cluster struct {
 	down        atomic.Bool
 
 	errNotLeader error // returned by RequireLeader while running
-	errDown      error // returned by RequireLeader after Shutdown
+	errDown      error // returned by every call after Shutdown
+	errDownFence error // errDown for Fence and AdvanceTip: also ErrStaleFencingToken
 	lookups      flight
 	wit          witnessState // Config.WitnessFile in memory
 	// lookupFailing is set while discovery lookups fail, to log once.
@@ -65,6 +84,54 @@ type Cluster struct {
 type term struct {
 	lease Lease
 	until atomic.Int64 // monotonic deadline, see mono
+
+	// ctx is cancelled when the term ends, by the timer at the trust-window
+	// deadline at the latest; leader work runs under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	timer  *time.Timer
+}
+
+// termMargin is how long before the trust-window deadline a term with no
+// successful renew is ended by its timer, so that its context is cancelled
+// by the time IsLeader would turn false on its own.
+func (c *Cluster) termMargin() time.Duration {
+	return min(c.cfg.FenceTimeout/100, 2*time.Millisecond)
+}
+
+// newTerm starts the term of lease l, whose attempt started at start.
+func (c *Cluster) newTerm(l Lease, start int64) *term {
+	t := &term{lease: l}
+	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.timer = time.AfterFunc(c.untilMargin(t), func() { c.expire(t) })
+	return t
+}
+
+// untilMargin is how long from now t's timer must wait.
+func (c *Cluster) untilMargin(t *term) time.Duration {
+	return max(time.Duration(t.until.Load()-mono())-c.termMargin(), 0)
+}
+
+// expire runs on t's timer. Unless a renew moved the deadline on, it ends
+// the trust window now and cancels the term's context; the heartbeat then
+// reports the term as self-fenced.
+func (c *Cluster) expire(t *term) {
+	u := t.until.Load()
+	if now := mono(); now < u-int64(c.termMargin()) {
+		t.timer.Reset(c.untilMargin(t)) // renewed meanwhile
+		return
+	} else if !t.until.CompareAndSwap(u, min(u, now)) {
+		t.timer.Reset(c.untilMargin(t)) // renewed meanwhile
+		return
+	}
+	t.cancel()
+}
+
+// end cancels the term's context; IsLeader is made false by the caller.
+func (t *term) end() {
+	t.cancel()
+	t.timer.Stop()
 }
 
 // monoBase anchors mono; time.Since reads the monotonic clock.
@@ -110,8 +177,12 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 		instance: newInstanceID(),
 	}
 	c.wit.pendingTx = map[string]DBTX{}
+	c.workers = map[*worker]struct{}{}
+	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
+	c.downCh = make(chan struct{})
 	c.errNotLeader = fmt.Errorf("%w: node %q does not hold lease %q", ErrNotLeader, cfg.NodeID, cfg.LeaseName)
-	c.errDown = fmt.Errorf("%w: node %q is shut down", ErrNotLeader, cfg.NodeID)
+	c.errDown = fmt.Errorf("%w: node %q", ErrShutdown, cfg.NodeID)
+	c.errDownFence = fmt.Errorf("%w: node %q, so its fencing token is stale (%w)", ErrShutdown, cfg.NodeID, ErrStaleFencingToken)
 	if c.provider == nil {
 		c.db = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
 		c.provider = c.db
@@ -153,6 +224,9 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 		}
 		c.wg.Add(1)
 		go c.run(loopCtx, first)
+	} else {
+		c.wg.Add(1)
+		go c.watch(loopCtx)
 	}
 	c.log.InfoContext(ctx, "cluster: node started", "role", string(cfg.Role), "instance", c.instance,
 		"lease_ttl", cfg.LeaseTTL, "heartbeat_interval", cfg.HeartbeatInterval, "fence_timeout", cfg.FenceTimeout)
@@ -174,6 +248,9 @@ func newInstanceID() string {
 // can refuse a stale leader's write.
 func (c *Cluster) IsLeader() bool { return c.liveTerm() != nil }
 
+// errShutdown is the one error every call returns after Shutdown.
+func (c *Cluster) errShutdown() error { return c.errDown }
+
 // liveTerm returns the term this node leads in, or nil when it holds none
 // or its trust window has ended.
 func (c *Cluster) liveTerm() *term {
@@ -188,6 +265,9 @@ func (c *Cluster) liveTerm() *term {
 func (c *Cluster) heldTerm() (*term, error) {
 	if t := c.liveTerm(); t != nil {
 		return t, nil
+	}
+	if c.down.Load() {
+		return nil, c.errDownFence
 	}
 	return nil, fmt.Errorf("%w: node %q does not hold lease %q", ErrStaleFencingToken, c.cfg.NodeID, c.cfg.LeaseName)
 }
@@ -223,7 +303,7 @@ func (c *Cluster) Endpoint() string { return c.cfg.Endpoint }
 // when no node holds an unexpired lease. Concurrent calls share one read.
 func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 	if c.down.Load() {
-		return nil, ErrShutdown
+		return nil, c.errDown
 	}
 	l, err := c.lookups.do(ctx, func(ctx context.Context) (*Leader, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
@@ -304,14 +384,24 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 // stop is the first Shutdown. waitHandlers is false when it runs on the
 // handlers' goroutine, which cannot wait for itself.
 func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
+	// End the term first, and keep its lease until the leader work under
+	// it has stopped: no other node may start that work before.
 	c.mu.Lock()
 	c.stopped = true
-	t := c.term.Swap(nil)
+	t := c.term.Load()
+	if t != nil {
+		c.retiring.Store(t)
+		t.end()
+		c.term.Store(nil)
+	}
 	c.mu.Unlock()
 	c.down.Store(true)
+	close(c.downCh)
+	c.waitForWork(ctx, "Shutdown")
 
 	c.cancel()
 	c.wg.Wait()
+	c.retiring.Store(nil)
 	c.mu.Lock()
 	unsure := c.unsure
 	c.mu.Unlock()
@@ -350,7 +440,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	return err
 }
 
-func (c *Cluster) emit(kind EventKind, token uint64, reason string) {
+func (c *Cluster) emit(kind EventKind, token uint64, reason Reason) {
 	c.events.emit(Event{Kind: kind, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: token, Reason: reason})
 }
 

@@ -140,6 +140,11 @@ type Config struct {
 	// scheduling delay. Default LeaseTTL - HeartbeatInterval.
 	FenceTimeout time.Duration
 
+	// ResignHoldOff is how long a node that called [Cluster.Resign] waits
+	// before it campaigns again, so that another node can take the lease.
+	// Default HeartbeatInterval; at most LeaseTTL.
+	ResignHoldOff time.Duration
+
 	// Endpoint is this node's routable URL, published to the discovery
 	// handler while this node leads. It must be an absolute https URL with a
 	// host and without user info or fragment; http is allowed only with
@@ -264,6 +269,11 @@ func (c Config) resolve() (Config, error) {
 	}
 	if c.FenceTimeout >= c.LeaseTTL {
 		return c, configErrorf("FenceTimeout (%v) must be less than LeaseTTL (%v)", c.FenceTimeout, c.LeaseTTL)
+	}
+
+	c.ResignHoldOff = cmp.Or(c.ResignHoldOff, c.HeartbeatInterval)
+	if c.ResignHoldOff < 0 || c.ResignHoldOff > c.LeaseTTL {
+		return c, configErrorf("ResignHoldOff (%v) must be between 0 (the default, HeartbeatInterval) and LeaseTTL (%v)", c.ResignHoldOff, c.LeaseTTL)
 	}
 
 	if c.Endpoint != "" {

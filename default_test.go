@@ -98,7 +98,11 @@ func TestInitDefaultInstance(t *testing.T) {
 	resetDefault()
 	t.Cleanup(resetDefault)
 	events := make(chan Event, 4)
-	OnTransition(func(e Event) { events <- e })
+	OnTransition(func(e Event) {
+		if e.Kind != EventLeaderChanged {
+			events <- e
+		}
+	})
 
 	bad := Config{NodeID: ""}
 	if err := Init(context.Background(), bad); !errors.Is(err, ErrInvalidConfig) {

@@ -30,8 +30,10 @@ var (
 	// an unexpired lease. The error is a [*LeaseHeldError] with the details.
 	ErrLeaseHeld = errors.New("cluster: lease held by another node")
 
-	// ErrShutdown is returned by calls on a [Cluster] after [Cluster.Shutdown].
-	ErrShutdown = errors.New("cluster: shut down")
+	// ErrShutdown is returned by every call on a [Cluster] after
+	// [Cluster.Shutdown] that can fail. It also matches [ErrNotLeader] and
+	// carries HTTP status 503.
+	ErrShutdown error = &statusError{msg: "cluster: shut down", status: http.StatusServiceUnavailable, parent: ErrNotLeader}
 
 	// ErrSchema reports that the cluster tables are missing, are of a newer
 	// schema version than this library knows, or could not be created.

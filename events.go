@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// EventKind names a transition of this node's leadership.
+// EventKind names a transition of this node's leadership, or a change of
+// leader it observed.
 type EventKind string
 
 // The transitions a node reports.
@@ -22,41 +23,66 @@ const (
 	// EventLeaseLost: this node stopped leading without releasing. Reason
 	// says why: ReasonSelfFenced or ReasonLeaseTaken.
 	EventLeaseLost EventKind = "lease-lost"
-	// EventLeaseReleased: this node released the lease on Shutdown.
+	// EventLeaseReleased: this node released the lease, in
+	// [Cluster.Shutdown] (ReasonShutdown, or ReasonReleaseFailed when the
+	// release failed and the lease will expire by itself) or in
+	// [Cluster.Resign] (ReasonResigned).
 	EventLeaseReleased EventKind = "lease-released"
-	// EventRollbackDetected: after acquiring the lease this node found the
-	// database rolled back (see [ErrRollbackDetected]); it released the
-	// lease and stopped campaigning. Reason holds the details.
+	// EventLeaderChanged: this node learnt of a new term, its own or
+	// another node's, or that the lease became free. LeaderID,
+	// LeaderEndpoint and FencingToken describe the new term; a free lease
+	// has an empty LeaderID and the token of the term that ended. Every
+	// node emits it, followers included: candidates learn from the
+	// attempts they already make, at most one heartbeat late; nodes with
+	// [RoleFollower] read the lease once per heartbeat.
+	EventLeaderChanged EventKind = "leader-changed"
+	// EventRollbackDetected: this node found the database rolled back (see
+	// [ErrRollbackDetected]); it released the lease if it held it and
+	// stopped campaigning. Err holds the details.
 	EventRollbackDetected EventKind = "rollback-detected"
 	// EventVaultKeyRotated: this node advanced the cluster's vault-key
-	// fingerprint under [Config.AcceptVaultKeyRotation]. Reason holds the
+	// fingerprint under [Config.AcceptVaultKeyRotation]. Detail holds the
 	// fingerprint prefixes and the new rotation epoch.
 	EventVaultKeyRotated EventKind = "vault-key-rotated"
 )
+
+// A Reason says why a term ended.
+type Reason string
 
 // Reasons carried by [Event.Reason].
 const (
 	// ReasonSelfFenced: no renew succeeded within [Config.FenceTimeout], so
 	// the node stopped believing it leads before its lease could expire.
-	ReasonSelfFenced = "self-fenced"
+	ReasonSelfFenced Reason = "self-fenced"
 	// ReasonLeaseTaken: a renew found that the lease no longer belongs to
 	// this node's term (it expired and another node, or another process
 	// with the same NodeID, acquired it).
-	ReasonLeaseTaken = "lease-taken"
+	ReasonLeaseTaken Reason = "lease-taken"
 	// ReasonShutdown: the node released the lease in Shutdown.
-	ReasonShutdown = "shutdown"
-	// ReasonReleaseFailed: Shutdown could not release the lease; it expires
-	// after LeaseTTL.
-	ReasonReleaseFailed = "shutdown-release-failed"
+	ReasonShutdown Reason = "shutdown"
+	// ReasonReleaseFailed: Shutdown or Resign could not release the lease;
+	// it expires after LeaseTTL.
+	ReasonReleaseFailed Reason = "release-failed"
+	// ReasonResigned: the node released the lease in Resign.
+	ReasonResigned Reason = "resigned"
 )
 
-// An Event reports a leadership transition of this node.
+// An Event reports a leadership transition of this node, or a change of
+// leader it observed.
 type Event struct {
 	Kind         EventKind
-	NodeID       string
+	NodeID       string    // this node
 	At           time.Time // local wall-clock time of the transition
-	FencingToken uint64    // token of the term acquired, lost or released
-	Reason       string    // why, for lease-lost and lease-released
+	FencingToken uint64    // token of the term acquired, lost, released or observed
+	Reason       Reason    // why a term ended: lease-lost and lease-released
+	// LeaderID and LeaderEndpoint name the new leader in a leader-changed
+	// event; LeaderID is empty when the lease became free.
+	LeaderID       string
+	LeaderEndpoint string
+	// Detail is free text for people (vault-key-rotated); do not parse it.
+	Detail string
+	// Err is the error behind a rollback-detected event.
+	Err error
 }
 
 // dispatcher delivers events to handlers in order on its own goroutine, so
@@ -68,7 +94,7 @@ type dispatcher struct {
 
 	mu       sync.Mutex
 	handlers []func(Event)
-	queue    []Event
+	queue    []queued
 	closed   bool
 	wake     chan struct{}
 	done     chan struct{}
@@ -89,11 +115,19 @@ func (d *dispatcher) subscribe(f func(Event)) {
 	d.mu.Unlock()
 }
 
-// emit queues e. It never blocks. Events emitted after close are dropped.
+// queued is an event and the number of handlers registered when it was
+// emitted: a handler registered later does not receive it.
+type queued struct {
+	e        Event
+	handlers int
+}
+
+// emit queues e for the handlers registered now. It never blocks. Events
+// emitted after close are dropped.
 func (d *dispatcher) emit(e Event) {
 	d.mu.Lock()
 	if !d.closed {
-		d.queue = append(d.queue, e)
+		d.queue = append(d.queue, queued{e, len(d.handlers)})
 	}
 	d.mu.Unlock()
 	select {
@@ -167,10 +201,11 @@ func (d *dispatcher) run() {
 			<-d.wake
 			continue
 		}
-		e := d.queue[0]
-		d.queue[0] = Event{}
+		q := d.queue[0]
+		d.queue[0] = queued{}
 		d.queue = d.queue[1:]
-		handlers := d.handlers[:len(d.handlers):len(d.handlers)]
+		e := q.e
+		handlers := d.handlers[:q.handlers:q.handlers]
 		d.mu.Unlock()
 		for _, h := range handlers {
 			d.call(h, e)

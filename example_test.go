@@ -127,7 +127,10 @@ func ExampleCluster_OnTransition() {
 		OnTransition: func(e cluster.Event) {
 			line := fmt.Sprintf("%s %s, token %d", e.NodeID, e.Kind, e.FencingToken)
 			if e.Reason != "" {
-				line += " (" + e.Reason + ")"
+				line += " (" + string(e.Reason) + ")"
+			}
+			if e.LeaderID != "" {
+				line += ", leader " + e.LeaderID
 			}
 			fmt.Println(line)
 			if e.Kind == cluster.EventLeaseReleased {
@@ -142,6 +145,7 @@ func ExampleCluster_OnTransition() {
 	<-done
 	// Output:
 	// api-1 lease-acquired, token 1
+	// api-1 leader-changed, token 1, leader api-1
 	// api-1 lease-released, token 1 (shutdown)
 }
 

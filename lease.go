@@ -12,7 +12,11 @@ import (
 //	follower --acquire--> leader --renew ok--> leader
 //	leader --renew says lease is not ours--> follower   (lease-lost, lease-taken)
 //	leader --no renew within FenceTimeout--> follower   (lease-lost, self-fenced)
+//	leader --Resign--> follower, holding off            (lease-released, resigned)
 //	any --Shutdown--> terminated                        (lease-released)
+//
+// Every node also reports each term it observes, its own included, and
+// the lease becoming free (leader-changed).
 //
 // A leader's belief ends at the start of its last successful attempt plus
 // FenceTimeout, on the monotonic clock. IsLeader compares against that
@@ -44,6 +48,23 @@ func (c *Cluster) step(ctx context.Context) time.Duration {
 	if t := c.term.Load(); t != nil {
 		return c.renew(ctx, t)
 	}
+	if t := c.retiring.Load(); t != nil {
+		// Shutdown or Resign is waiting for leader work to stop: keep the
+		// lease, so no other node starts that work meanwhile.
+		start := mono()
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		if _, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL); err != nil {
+			c.log.DebugContext(ctx, "cluster: renew while leader work stops failed", "fencing_token", t.lease.FencingToken, "err", err)
+		}
+		cancel()
+		return max(c.cfg.HeartbeatInterval-time.Duration(mono()-start), 0)
+	}
+	c.mu.Lock()
+	stopped := c.stopped
+	c.mu.Unlock()
+	if stopped {
+		return c.cfg.HeartbeatInterval
+	}
 	return c.campaign(ctx)
 }
 
@@ -63,8 +84,9 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	cancel()
 	now := mono()
 	switch {
-	case err == nil && now < until:
-		t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
+	case err == nil && now < until && t.until.CompareAndSwap(until, monoAfter(start, c.cfg.FenceTimeout)):
+		// The CAS fails when the term's timer ended the window meanwhile.
+		t.timer.Reset(c.untilMargin(t))
 		if c.renewFailures > 0 {
 			c.log.InfoContext(ctx, "cluster: renew succeeded after failures", "fencing_token", t.lease.FencingToken, "failures", c.renewFailures)
 			c.renewFailures = 0
@@ -72,7 +94,8 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 	case err == nil:
 		// The renew returned after the window ended (a provider that ignores
-		// ctx). IsLeader was already false; the term is over for us.
+		// ctx), or the term's timer ended it first. IsLeader was already
+		// false; the term is over for us.
 		return c.selfFence(ctx, t)
 	case errors.Is(err, ErrLeaseLost):
 		c.lose(t, ReasonLeaseTaken, err)
@@ -113,13 +136,15 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 			"fencing_token", t.lease.FencingToken, "err", err)
 		return c.cfg.HeartbeatInterval
 	}
+	c.observe(observed{token: t.lease.FencingToken, free: true}, "", "")
 	return 0
 }
 
 // lose ends term t and reports it, unless t already ended. It reports
 // whether it ended t.
-func (c *Cluster) lose(t *term, reason string, err error) bool {
+func (c *Cluster) lose(t *term, reason Reason, err error) bool {
 	c.renewFailures = 0
+	t.end() // leader work stops before, or as, IsLeader turns false
 	c.mu.Lock()
 	ended := c.term.CompareAndSwap(t, nil)
 	c.mu.Unlock()
@@ -135,6 +160,11 @@ func (c *Cluster) lose(t *term, reason string, err error) bool {
 // next attempt is timed for the moment it expires by the database clock,
 // and never later than one heartbeat, so a release is noticed promptly.
 func (c *Cluster) campaign(ctx context.Context) time.Duration {
+	if hold := c.holdUntil.Load(); hold > 0 {
+		if left := time.Duration(hold - mono()); left > 0 {
+			return left // resigned: let another node take the lease
+		}
+	}
 	start := mono()
 	actx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 	l, err := c.provider.Acquire(actx, LeaseRequest{
@@ -155,19 +185,21 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		if err := c.verifyAcquired(ctx, l, start); err != nil {
 			return c.cfg.HeartbeatInterval
 		}
-		t := &term{lease: l}
-		t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
+		t := c.newTerm(l, start)
 		c.mu.Lock()
 		if c.stopped {
+			t.end()
 			c.unsure = true // Shutdown releases it
 			c.mu.Unlock()
 			return 0
 		}
 		c.term.Store(t)
 		c.unsure = false
+		c.startWork(t)
 		c.mu.Unlock()
 		c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
 		c.emit(EventLeaseAcquired, l.FencingToken, "")
+		c.observe(observed{token: l.FencingToken}, c.cfg.NodeID, c.cfg.Endpoint)
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 
 	case errors.As(err, &held):
@@ -181,6 +213,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			return c.cfg.HeartbeatInterval
 		}
 		c.setUnsure(false)
+		c.observe(observed{token: held.FencingToken}, held.Holder, held.Endpoint)
 		if held.Holder == c.cfg.NodeID && held.Instance != c.warnedDup {
 			c.warnedDup = held.Instance
 			c.log.WarnContext(ctx, "cluster: another process with this node id holds the lease; waiting for it to end (is the node id unique?)",
@@ -194,7 +227,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		// be trusted until an operator repairs it.
 		c.halted = err
 		c.log.ErrorContext(ctx, "cluster: the lease row went back below the highest fencing token the database granted; stopped campaigning", "err", err)
-		c.emit(EventRollbackDetected, 0, err.Error())
+		c.events.emit(Event{Kind: EventRollbackDetected, NodeID: c.cfg.NodeID, At: time.Now(), Err: err})
 		return c.cfg.HeartbeatInterval
 
 	default:
@@ -227,7 +260,7 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 		c.halted = err
 		c.log.ErrorContext(ctx, "cluster: database rollback detected after acquiring the lease; released it and stopped campaigning",
 			"fencing_token", l.FencingToken, "err", err)
-		c.emit(EventRollbackDetected, l.FencingToken, err.Error())
+		c.events.emit(Event{Kind: EventRollbackDetected, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: l.FencingToken, Err: err})
 		return err
 	}
 	c.log.WarnContext(ctx, "cluster: could not verify the database after acquiring the lease; released it",
@@ -246,4 +279,58 @@ func (c *Cluster) setUnsure(v bool) {
 	c.mu.Lock()
 	c.unsure = v
 	c.mu.Unlock()
+}
+
+// observed is a term a node learnt of, or the lease becoming free after
+// the term with token. Tokens are unique per term, so they identify it.
+type observed struct {
+	token uint64
+	free  bool
+}
+
+// observe emits leader-changed when o differs from the last term or free
+// lease this node observed.
+func (c *Cluster) observe(o observed, leader, endpoint string) {
+	c.seenMu.Lock()
+	if c.seen == o {
+		c.seenMu.Unlock()
+		return
+	}
+	c.seen = o
+	c.seenMu.Unlock()
+	if o.free {
+		leader, endpoint = "", ""
+	}
+	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
+		LeaderID: leader, LeaderEndpoint: endpoint})
+}
+
+// watch is the goroutine of a RoleFollower node, which never campaigns: it
+// reads the lease once per heartbeat to report leader-changed.
+func (c *Cluster) watch(ctx context.Context) {
+	defer c.wg.Done()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		l, err := c.provider.Leader(rctx, c.cfg.LeaseName)
+		cancel()
+		switch {
+		case err != nil:
+			c.log.DebugContext(ctx, "cluster: follower could not read the lease", "err", err)
+		case l == nil:
+			c.seenMu.Lock()
+			last := c.seen.token
+			c.seenMu.Unlock()
+			c.observe(observed{token: last, free: true}, "", "")
+		default:
+			c.observe(observed{token: l.FencingToken}, l.NodeID, l.Endpoint)
+		}
+		timer.Reset(c.cfg.HeartbeatInterval)
+	}
 }

@@ -175,8 +175,8 @@ func TestRollbackDetectedAtAcquisition(t *testing.T) {
 		}
 		a.Shutdown(ctx)
 		e := b.events.wait(t, cluster.EventRollbackDetected, 3*time.Second)
-		if !strings.Contains(e.Reason, `chain "audit"`) {
-			t.Fatalf("rollback event reason = %q", e.Reason)
+		if !errors.Is(e.Err, cluster.ErrRollbackDetected) || !strings.Contains(e.Err.Error(), `chain "audit"`) {
+			t.Fatalf("rollback event error = %v", e.Err)
 		}
 		time.Sleep(500 * time.Millisecond)
 		if b.IsLeader() {

@@ -176,7 +176,7 @@ func startBook(t *testing.T, book *leaseBook, h *handlerShutdown, edit ...func(*
 // goroutine is left.
 func TestShutdownFromHandler(t *testing.T) {
 	t.Parallel()
-	reason := func(kind cluster.EventKind, reason string) func(cluster.Event) bool {
+	reason := func(kind cluster.EventKind, reason cluster.Reason) func(cluster.Event) bool {
 		return func(e cluster.Event) bool { return e.Kind == kind && e.Reason == reason }
 	}
 

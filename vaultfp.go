@@ -185,7 +185,7 @@ func (c *Cluster) checkVaultKeys(ctx context.Context) error {
 		if n, err := res.RowsAffected(); err == nil && n == 1 {
 			reason := fmt.Sprintf("vault key fingerprint %s… replaced %s…, rotation epoch %d", prefix(fp, 16), prefix(stored, 16), epoch+1)
 			c.log.WarnContext(ctx, "cluster: vault keys rotated", "vault_key_fp", prefix(fp, 16), "previous_vault_key_fp", prefix(stored, 16), "rotation_epoch", epoch+1)
-			c.emit(EventVaultKeyRotated, 0, reason)
+			c.events.emit(Event{Kind: EventVaultKeyRotated, NodeID: c.cfg.NodeID, At: time.Now(), Detail: reason})
 			return nil
 		}
 		// Another node changed the row first; read what it wrote.

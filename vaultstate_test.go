@@ -108,7 +108,7 @@ func TestVaultKeysDriftAndRotation(t *testing.T) {
 			t.Fatalf("after rotation: %s… epoch %d by %q", fp[:16], epoch, by)
 		}
 		e := c.events.wait(t, cluster.EventVaultKeyRotated, 2*time.Second)
-		if !strings.Contains(e.Reason, newFP[:16]) || !strings.Contains(e.Reason, "epoch 1") {
+		if !strings.Contains(e.Detail, newFP[:16]) || !strings.Contains(e.Detail, "epoch 1") {
 			t.Fatalf("rotated event = %+v", e)
 		}
 

@@ -74,9 +74,12 @@ func main() {
 			Endpoint:          "https://" + id + ".example.internal:8443",
 			Chains:            []cluster.Chain{{Name: "audit", Table: "audit"}},
 			OnTransition: func(e cluster.Event) {
+				if e.Kind == cluster.EventLeaderChanged {
+					return // each node's own transitions tell the story
+				}
 				reason := ""
 				if e.Reason != "" {
-					reason = " (" + e.Reason + ")"
+					reason = " (" + string(e.Reason) + ")"
 				}
 				fmt.Printf("  [%5.2fs] %s: %s, fencing token %d%s\n", time.Since(epoch).Seconds(), e.NodeID, e.Kind, e.FencingToken, reason)
 			},
