@@ -70,6 +70,19 @@ func childMain() int {
 		return fail(err)
 	}
 
+	// Leader work reports when its term's context ends.
+	wctx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	var workDone sync.WaitGroup
+	workDone.Go(func() {
+		c.RunWhileLeader(wctx, func(ctx context.Context, token uint64) error {
+			say("work-started %d", token)
+			<-ctx.Done()
+			say("work-stopped %d", token)
+			return nil
+		})
+	})
+
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2)
 	var writing atomic.Bool
@@ -124,6 +137,8 @@ func childMain() int {
 		case syscall.SIGTERM:
 			close(done)
 			wg.Wait()
+			stopWork()
+			workDone.Wait()
 			if err := c.Shutdown(ctx); err != nil {
 				return fail(err)
 			}
@@ -270,6 +285,20 @@ func TestMultiProcess(t *testing.T) {
 			t.Fatalf("a resumed after %v believing it led: %q", time.Since(stopped), l)
 		}
 		await(t, 5*time.Second, "event lease-lost", m)
+		// Its leader work was told before it could lead again.
+		await(t, 5*time.Second, "work-stopped", m)
+		stoppedAt, acquiredAt := -1, -1
+		for i, l := range a.output()[m[a]:] {
+			if strings.HasPrefix(l, "work-stopped") && stoppedAt < 0 {
+				stoppedAt = i
+			}
+			if strings.HasPrefix(l, "event lease-acquired") && acquiredAt < 0 {
+				acquiredAt = i
+			}
+		}
+		if acquiredAt >= 0 && acquiredAt < stoppedAt {
+			t.Fatalf("a led again before its old term's work context was cancelled: %q", a.output()[m[a]:])
+		}
 		a.signal(t, syscall.SIGUSR2)
 		time.Sleep(300 * time.Millisecond)
 
