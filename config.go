@@ -140,9 +140,11 @@ type Config struct {
 	// scheduling delay. Default LeaseTTL - HeartbeatInterval.
 	FenceTimeout time.Duration
 
-	// ResignHoldOff is how long a node that called [Cluster.Resign] waits
-	// before it campaigns again, so that another node can take the lease.
-	// Default HeartbeatInterval; at most LeaseTTL.
+	// ResignHoldOff is how long after its release a node that called
+	// [Cluster.Resign] waits before it campaigns again, so that another node
+	// can take the lease. Followers try at least once per heartbeat, so the
+	// default, HeartbeatInterval and a quarter, lets every one of them try
+	// first. At most LeaseTTL.
 	ResignHoldOff time.Duration
 
 	// Endpoint is this node's routable URL, published to the discovery
@@ -271,9 +273,9 @@ func (c Config) resolve() (Config, error) {
 		return c, configErrorf("FenceTimeout (%v) must be less than LeaseTTL (%v)", c.FenceTimeout, c.LeaseTTL)
 	}
 
-	c.ResignHoldOff = cmp.Or(c.ResignHoldOff, c.HeartbeatInterval)
+	c.ResignHoldOff = cmp.Or(c.ResignHoldOff, c.HeartbeatInterval+c.HeartbeatInterval/4)
 	if c.ResignHoldOff < 0 || c.ResignHoldOff > c.LeaseTTL {
-		return c, configErrorf("ResignHoldOff (%v) must be between 0 (the default, HeartbeatInterval) and LeaseTTL (%v)", c.ResignHoldOff, c.LeaseTTL)
+		return c, configErrorf("ResignHoldOff (%v) must be between 0 (the default, 1.25 × HeartbeatInterval) and LeaseTTL (%v)", c.ResignHoldOff, c.LeaseTTL)
 	}
 
 	if c.Endpoint != "" {

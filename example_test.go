@@ -255,3 +255,66 @@ func ExampleCluster_AdvanceTip() {
 	// <nil> <nil>
 	// true
 }
+
+// RunWhileLeader runs leader-only work in every term this node leads; its
+// context ends with the term, and Shutdown waits for it before releasing
+// the lease.
+func ExampleCluster_RunWhileLeader() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db})
+	if err != nil {
+		log.Fatal(err)
+	}
+	started := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- c.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+			fmt.Println("scheduler started in term", token)
+			close(started)
+			<-ctx.Done() // a real scheduler would run jobs until then
+			fmt.Println("scheduler stopped")
+			return nil
+		})
+	}()
+	<-started
+	c.Shutdown(ctx) // cancels the term's context and waits for the scheduler
+	fmt.Println("RunWhileLeader:", <-done)
+	// Output:
+	// scheduler started in term 1
+	// scheduler stopped
+	// RunWhileLeader: cluster: shut down: node "api-1"
+}
+
+// Resign hands leadership to another node without shutting down.
+func ExampleCluster_Resign() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	a, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db, LeaseTTL: 3 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Shutdown(ctx)
+	moved := make(chan struct{})
+	b, err := cluster.New(ctx, cluster.Config{NodeID: "api-2", DB: db, LeaseTTL: 3 * time.Second,
+		OnTransition: func(e cluster.Event) {
+			if e.Kind == cluster.EventLeaseAcquired {
+				close(moved)
+			}
+		}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Shutdown(ctx)
+	fmt.Println("api-1 leads:", a.IsLeader())
+	if err := a.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	<-moved
+	fmt.Println("api-1 leads:", a.IsLeader(), "api-2 leads:", b.IsLeader())
+	// Output:
+	// api-1 leads: true
+	// api-1 leads: false api-2 leads: true
+}

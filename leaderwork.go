@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 )
 
@@ -185,7 +186,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 		c.mu.Unlock()
 		return nil
 	}
-	c.holdUntil.Store(monoAfter(mono(), c.cfg.ResignHoldOff))
+	c.holdUntil.Store(math.MaxInt64) // until the release, then ResignHoldOff
 	c.retiring.Store(t)
 	t.end()
 	c.term.Store(nil)
@@ -193,6 +194,9 @@ func (c *Cluster) Resign(ctx context.Context) error {
 
 	c.waitForWork(ctx, "Resign")
 	err := c.release(context.WithoutCancel(ctx), t.lease)
+	// The hold-off counts from the release: the followers, which try at
+	// least once per heartbeat, get there first.
+	c.holdUntil.Store(monoAfter(mono(), c.cfg.ResignHoldOff))
 	c.retiring.CompareAndSwap(t, nil)
 	reason := ReasonResigned
 	if err != nil {
