@@ -91,9 +91,10 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	return newCluster(ctx, cfg, nil)
 }
 
-// newCluster is New with extra transition handlers registered before the
-// first acquisition, so they see it.
-func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Cluster, error) {
+// newCluster is New that, when created is not nil, calls it with the
+// Cluster before New emits any event or campaigns, for Init to register
+// its handlers and answer for the Cluster while New runs.
+func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Cluster, error) {
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
@@ -119,8 +120,8 @@ func newCluster(ctx context.Context, cfg Config, handlers []func(Event)) (*Clust
 	}
 	c.events = newDispatcher(c.log)
 	c.events.subscribe(cfg.OnTransition)
-	for _, h := range handlers {
-		c.events.subscribe(h)
+	if created != nil {
+		created(c)
 	}
 
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
