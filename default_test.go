@@ -1,31 +1,43 @@
-package cluster
+package cluster_test
+
+// The package-level functions share one process-wide default instance, so
+// these tests do not run in parallel with each other; each starts from a
+// fresh instance through useDefault.
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// resetDefault forgets the default instance; tests of the package-level
-// functions use it because those share process-wide state.
-func resetDefault() {
-	std.mu.Lock()
-	defer std.mu.Unlock()
-	std.c.Store(nil)
-	std.down.Store(false)
-	std.handlers = nil
+// useDefault gives the test a default instance on which Init was never
+// called, and shuts it down and forgets it when the test ends.
+func useDefault(t *testing.T) {
+	t.Helper()
+	cluster.ResetDefault()
+	t.Cleanup(func() {
+		cluster.Shutdown(context.Background())
+		cluster.ResetDefault()
+	})
 }
 
 func discover(t *testing.T) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	DiscoveryHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	cluster.DiscoveryHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	var body map[string]any
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatal(err)
@@ -34,122 +46,470 @@ func discover(t *testing.T) (int, map[string]any) {
 }
 
 func TestSingleNodeMode(t *testing.T) {
-	resetDefault()
-	t.Cleanup(resetDefault)
+	useDefault(t)
 	goroutines := runtime.NumGoroutine()
 
-	if !IsLeader() || FencingToken() != 0 || CurrentNodeID() != "single-node-local" || Endpoint() != "" {
+	if !cluster.IsLeader() || cluster.FencingToken() != 0 || cluster.CurrentNodeID() != "single-node-local" || cluster.Endpoint() != "" {
 		t.Fatalf("single node: IsLeader %v, FencingToken %d, CurrentNodeID %q, Endpoint %q",
-			IsLeader(), FencingToken(), CurrentNodeID(), Endpoint())
+			cluster.IsLeader(), cluster.FencingToken(), cluster.CurrentNodeID(), cluster.Endpoint())
 	}
-	if err := RequireLeader(); err != nil {
+	if err := cluster.RequireLeader(); err != nil {
 		t.Fatalf("RequireLeader = %v", err)
 	}
-	l, err := CurrentLeader(context.Background())
-	if err != nil || l == nil || l.NodeID != SingleNodeID || !l.LeaseExpiresAt.IsZero() || l.FencingToken != 0 {
+	l, err := cluster.CurrentLeader(context.Background())
+	if err != nil || l == nil || l.NodeID != cluster.SingleNodeID || !l.LeaseExpiresAt.IsZero() || l.FencingToken != 0 {
 		t.Fatalf("CurrentLeader = %+v, %v", l, err)
 	}
 	code, body := discover(t)
 	leader, _ := body["leader"].(map[string]any)
-	if code != http.StatusOK || leader == nil || leader["nodeId"] != SingleNodeID {
+	if code != http.StatusOK || leader == nil || leader["nodeId"] != cluster.SingleNodeID {
 		t.Fatalf("discovery: %d %v", code, body)
 	}
 	if v, ok := leader["leaseExpiresAt"]; !ok || v != nil {
 		t.Fatalf("leaseExpiresAt = %v (present %v), want null", v, ok)
 	}
-	if self := body["self"].(map[string]any); self["isLeader"] != true || self["nodeId"] != SingleNodeID {
+	if self := body["self"].(map[string]any); self["isLeader"] != true || self["nodeId"] != cluster.SingleNodeID {
 		t.Fatalf("self = %v", self)
 	}
-	if token, err := FenceToken(context.Background(), nil); token != 0 || err != nil {
+	if token, err := cluster.FenceToken(context.Background(), nil); token != 0 || err != nil {
 		t.Fatalf("FenceToken in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
 	}
-	OnTransition(func(Event) { t.Error("a transition in single-node mode") })
+	cluster.OnTransition(func(cluster.Event) { t.Error("a transition in single-node mode") })
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Fatalf("single-node mode started %d goroutines", n-goroutines)
 	}
 
-	if err := AdvanceTip(context.Background(), nil, "audit", 1, []byte("h")); !errors.Is(err, ErrInvalidConfig) {
+	if err := cluster.AdvanceTip(context.Background(), nil, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("AdvanceTip before Init = %v", err)
 	}
-	if err := Shutdown(context.Background()); err != nil {
+	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if IsLeader() {
-		t.Fatal("IsLeader after Shutdown")
-	}
-	if err := RequireLeader(); !errors.Is(err, ErrNotLeader) || HTTPStatus(err) != http.StatusServiceUnavailable {
-		t.Fatalf("RequireLeader after Shutdown = %v", err)
-	}
-	if err := Fence(context.Background(), nil); !errors.Is(err, ErrStaleFencingToken) {
-		t.Fatalf("Fence after Shutdown = %v", err)
-	}
-	if code, body := discover(t); code != http.StatusServiceUnavailable || body["leader"] != nil {
-		t.Fatalf("discovery after Shutdown: %d %v", code, body)
-	}
-	if err := Init(context.Background(), Config{NodeID: "n", Provider: &stubProvider{}}); !errors.Is(err, ErrAlreadyInitialized) {
-		t.Fatalf("Init after Shutdown = %v, want ErrAlreadyInitialized", err)
-	}
-	if err := Shutdown(context.Background()); err != nil {
+	checkShutDown(t)
+	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatalf("second Shutdown = %v", err)
 	}
 }
 
+// checkShutDown fails the test unless every package-level function reports
+// the default instance shut down, for good.
+func checkShutDown(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if cluster.IsLeader() || cluster.FencingToken() != 0 {
+		t.Fatalf("after Shutdown: IsLeader %v, FencingToken %d", cluster.IsLeader(), cluster.FencingToken())
+	}
+	if err := cluster.RequireLeader(); !errors.Is(err, cluster.ErrNotLeader) || cluster.HTTPStatus(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "shut down") {
+		t.Fatalf("RequireLeader after Shutdown = %v", err)
+	}
+	if err := cluster.Fence(ctx, nil); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "shut down") {
+		t.Fatalf("Fence after Shutdown = %v", err)
+	}
+	if err := cluster.AdvanceTip(ctx, nil, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrStaleFencingToken) {
+		t.Fatalf("AdvanceTip after Shutdown = %v", err)
+	}
+	if _, err := cluster.CurrentLeader(ctx); !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("CurrentLeader after Shutdown = %v", err)
+	}
+	if code, body := discover(t); code != http.StatusServiceUnavailable || body["leader"] != nil || body["error"] != "shut down" {
+		t.Fatalf("discovery after Shutdown: %d %v", code, body)
+	}
+	if err := cluster.Init(ctx, cluster.Config{NodeID: "n", Provider: &fakeProvider{}}); !errors.Is(err, cluster.ErrAlreadyInitialized) {
+		t.Fatalf("Init after Shutdown = %v, want ErrAlreadyInitialized", err)
+	}
+}
+
 func TestInitDefaultInstance(t *testing.T) {
-	resetDefault()
-	t.Cleanup(resetDefault)
-	events := make(chan Event, 4)
-	OnTransition(func(e Event) {
-		if e.Kind != EventLeaderChanged {
+	useDefault(t)
+	events := make(chan cluster.Event, 4)
+	cluster.OnTransition(func(e cluster.Event) {
+		if e.Kind != cluster.EventLeaderChanged {
 			events <- e
 		}
 	})
 
-	bad := Config{NodeID: ""}
-	if err := Init(context.Background(), bad); !errors.Is(err, ErrInvalidConfig) {
+	bad := cluster.Config{NodeID: ""}
+	if err := cluster.Init(context.Background(), bad); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("Init(bad) = %v", err)
 	}
-	cfg := Config{NodeID: "n1", Endpoint: "https://n1.internal", Provider: &stubProvider{},
-		LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond}
-	if err := Init(context.Background(), cfg); err != nil {
+	cfg := fakeConfig(t, "n1", leaderProvider())
+	cfg.Endpoint = "https://n1.internal"
+	if err := cluster.Init(context.Background(), cfg); err != nil {
 		t.Fatalf("Init after a failed Init: %v", err)
 	}
-	if err := Init(context.Background(), cfg); !errors.Is(err, ErrAlreadyInitialized) {
+	if err := cluster.Init(context.Background(), cfg); !errors.Is(err, cluster.ErrAlreadyInitialized) {
 		t.Fatalf("second Init = %v", err)
 	}
-	if !IsLeader() || FencingToken() != 1 || CurrentNodeID() != "n1" || Endpoint() != "https://n1.internal" || RequireLeader() != nil {
+	if !cluster.IsLeader() || cluster.FencingToken() != 1 || cluster.CurrentNodeID() != "n1" || cluster.Endpoint() != "https://n1.internal" || cluster.RequireLeader() != nil {
 		t.Fatalf("after Init: IsLeader %v, FencingToken %d, CurrentNodeID %q, Endpoint %q",
-			IsLeader(), FencingToken(), CurrentNodeID(), Endpoint())
+			cluster.IsLeader(), cluster.FencingToken(), cluster.CurrentNodeID(), cluster.Endpoint())
 	}
-	if e := <-events; e.Kind != EventLeaseAcquired || e.FencingToken != 1 || e.NodeID != "n1" {
+	if e := <-events; e.Kind != cluster.EventLeaseAcquired || e.FencingToken != 1 || e.NodeID != "n1" {
 		t.Fatalf("handler registered before Init got %+v", e)
 	}
-	if l, err := CurrentLeader(context.Background()); err != nil || l.NodeID != "n1" {
+	if l, err := cluster.CurrentLeader(context.Background()); err != nil || l.NodeID != "n1" {
 		t.Fatalf("CurrentLeader = %+v, %v", l, err)
 	}
-	if err := Shutdown(context.Background()); err != nil {
+	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if IsLeader() || FencingToken() != 0 {
-		t.Fatal("still leader after Shutdown")
-	}
-	if e := <-events; e.Kind != EventLeaseReleased || e.Reason != ReasonShutdown {
+	if e := <-events; e.Kind != cluster.EventLeaseReleased || e.Reason != cluster.ReasonShutdown {
 		t.Fatalf("after Shutdown got %+v", e)
 	}
+	checkShutDown(t)
 }
 
-// stubProvider grants every acquisition with token 1 and reports the
-// holder as leader.
-type stubProvider struct{ holder atomic.Value }
+// leaderProvider grants every acquisition with token 1 and reports the
+// last holder as leader.
+func leaderProvider() *fakeProvider {
+	var holder atomic.Value
+	holder.Store("")
+	return &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			holder.Store(r.Holder)
+			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+		},
+		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
+			return &cluster.Leader{NodeID: holder.Load().(string), FencingToken: 1}, nil
+		},
+	}
+}
 
-func (p *stubProvider) Acquire(_ context.Context, r LeaseRequest) (Lease, error) {
-	p.holder.Store(r.Holder)
-	return Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+// newerSchema makes the target's tables carry a schema version newer than
+// this build's, so New fails with ErrSchema, and returns the undo.
+func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
+	t.Helper()
+	ctx := context.Background()
+	table := tg.Prefix + "schema_version"
+	for _, q := range []string{
+		"CREATE TABLE " + table + " (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+		"INSERT INTO " + table + " (version, applied_at) VALUES (999, 0)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func() {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+table); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
-func (p *stubProvider) Renew(_ context.Context, l Lease, _ time.Duration) (Lease, error) {
-	return l, nil
+
+// A failed Init fails closed: nothing says this process leads, the errors
+// carry the cause, and discovery answers 503 without the database's words.
+// A retried Init that succeeds then leads.
+func TestFailedInitFailsClosed(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		useDefault(t)
+		ctx := context.Background()
+		db := tg.Open(t)
+		undo := newerSchema(t, tg, db)
+		events := make(chan cluster.Event, 8)
+		cluster.OnTransition(func(e cluster.Event) {
+		if e.Kind != cluster.EventLeaderChanged {
+			events <- e
+		}
+	})
+
+		cfg := tg.Config(t, db, "n1")
+		initErr := cluster.Init(ctx, cfg)
+		if !errors.Is(initErr, cluster.ErrSchema) {
+			t.Fatalf("Init over a newer schema = %v, want ErrSchema", initErr)
+		}
+		if cluster.IsLeader() || cluster.FencingToken() != 0 {
+			t.Fatalf("after a failed Init: IsLeader %v, FencingToken %d", cluster.IsLeader(), cluster.FencingToken())
+		}
+		if id := cluster.CurrentNodeID(); id != "n1" {
+			t.Errorf("CurrentNodeID after a failed Init = %q, want the configured n1", id)
+		}
+		if ep := cluster.Endpoint(); ep != "" {
+			t.Errorf("Endpoint after a failed Init = %q, want none", ep)
+		}
+		wraps := func(what string, err error, sentinels ...error) {
+			t.Helper()
+			for _, s := range append(sentinels, cluster.ErrSchema) {
+				if !errors.Is(err, s) {
+					t.Errorf("%s = %v; does not wrap %v", what, err, s)
+				}
+			}
+			if err == nil || !strings.Contains(err.Error(), "999") {
+				t.Errorf("%s = %v; does not show the cause", what, err)
+			}
+		}
+		err := cluster.RequireLeader()
+		wraps("RequireLeader", err, cluster.ErrNotLeader)
+		if cluster.HTTPStatus(err) != http.StatusServiceUnavailable {
+			t.Errorf("RequireLeader's status = %d, want 503", cluster.HTTPStatus(err))
+		}
+		token, err := cluster.FenceToken(ctx, db)
+		wraps("FenceToken", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
+		if token != 0 {
+			t.Errorf("FenceToken = %d", token)
+		}
+		wraps("Fence", cluster.Fence(ctx, db), cluster.ErrStaleFencingToken)
+		wraps("AdvanceTip", cluster.AdvanceTip(ctx, db, "audit", 1, []byte("h")), cluster.ErrStaleFencingToken)
+		l, err := cluster.CurrentLeader(ctx)
+		wraps("CurrentLeader", err)
+		if l != nil {
+			t.Errorf("CurrentLeader = %+v", l)
+		}
+		code, body := discover(t)
+		if code != http.StatusServiceUnavailable || body["leader"] != nil || body["error"] != "initialization failed" {
+			t.Errorf("discovery after a failed Init: %d %v", code, body)
+		}
+		if self, _ := body["self"].(map[string]any); self["isLeader"] != false || self["nodeId"] != "n1" {
+			t.Errorf("discovery self after a failed Init: %v", body["self"])
+		}
+		if raw, _ := json.Marshal(body); strings.Contains(string(raw), "999") || strings.Contains(string(raw), "schema") {
+			t.Errorf("discovery shows the cause: %s", raw)
+		}
+
+		// The retry leads, with the handler registered before the first Init.
+		undo()
+		if err := cluster.Init(ctx, cfg); err != nil {
+			t.Fatalf("retried Init: %v", err)
+		}
+		if !cluster.IsLeader() || cluster.FencingToken() == 0 || cluster.RequireLeader() != nil {
+			t.Fatalf("after the retried Init: IsLeader %v, FencingToken %d, RequireLeader %v",
+				cluster.IsLeader(), cluster.FencingToken(), cluster.RequireLeader())
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token, err := cluster.FenceToken(ctx, tx); err != nil || token != cluster.FencingToken() {
+			t.Fatalf("FenceToken after the retried Init = %d, %v", token, err)
+		}
+		tx.Rollback()
+		if code, _ := discover(t); code != http.StatusOK {
+			t.Fatalf("discovery after the retried Init: %d", code)
+		}
+		if e := <-events; e.Kind != cluster.EventLeaseAcquired {
+			t.Fatalf("first event = %+v, want lease-acquired", e)
+		}
+	})
 }
-func (p *stubProvider) Release(context.Context, Lease) error { return nil }
-func (p *stubProvider) Leader(context.Context, string) (*Leader, error) {
-	h, _ := p.holder.Load().(string)
-	return &Leader{NodeID: h, FencingToken: 1}, nil
+
+// initFailingProvider is a store that cannot be prepared, as an unreachable
+// database.
+type initFailingProvider struct {
+	fakeProvider
+	err error
+}
+
+func (p *initFailingProvider) Init(context.Context) error { return p.err }
+
+// Shutdown after a failed Init ends the default instance for good.
+func TestShutdownAfterFailedInit(t *testing.T) {
+	useDefault(t)
+	unreachable := errors.New("dial tcp 10.0.0.1:5432: connect: connection refused")
+	err := cluster.Init(context.Background(), fakeConfig(t, "n1", &initFailingProvider{err: unreachable}))
+	if !errors.Is(err, unreachable) {
+		t.Fatalf("Init = %v", err)
+	}
+	if err := cluster.RequireLeader(); !errors.Is(err, unreachable) || !errors.Is(err, cluster.ErrNotLeader) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("RequireLeader after a failed Init = %v", err)
+	}
+	if code, body := discover(t); code != http.StatusServiceUnavailable || strings.Contains(body["error"].(string), "refused") {
+		t.Fatalf("discovery after a failed Init: %d %v", code, body)
+	}
+	// An invalid NodeID is not reported as this node's.
+	if err := cluster.Init(context.Background(), cluster.Config{NodeID: "bad\n"}); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("Init with a bad NodeID = %v", err)
+	}
+	if id := cluster.CurrentNodeID(); id != cluster.SingleNodeID {
+		t.Fatalf("CurrentNodeID after an Init refused for its NodeID = %q", id)
+	}
+	if cluster.IsLeader() || cluster.RequireLeader() == nil {
+		t.Fatal("leads after a failed Init")
+	}
+	if err := cluster.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkShutDown(t)
+}
+
+// The package-level Shutdown may be called from a transition handler,
+// also while Init runs: it never waits for std's lock held across New.
+func TestDefaultShutdownFromHandler(t *testing.T) {
+	t.Run("lease-acquired of the term Init acquires", func(t *testing.T) {
+		useDefault(t)
+		book := newLeaseBook()
+		h := shutdownOnKind(cluster.EventLeaseAcquired)
+		h.call = cluster.Shutdown
+		cluster.OnTransition(h.handle)
+		err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider()))
+		checkInitShutDown(t, err)
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler = %v", err)
+		}
+		if book.held() {
+			t.Fatal("the lease was not released")
+		}
+		checkShutDown(t)
+	})
+
+	t.Run("lease-lost after Init", func(t *testing.T) {
+		useDefault(t)
+		book := newLeaseBook()
+		h := shutdownOnKind(cluster.EventLeaseLost)
+		h.call = cluster.Shutdown
+		cluster.OnTransition(h.handle)
+		if err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider())); err != nil {
+			t.Fatal(err)
+		}
+		book.take()
+		if err := h.wait(t); err != nil {
+			t.Fatalf("Shutdown from the handler = %v", err)
+		}
+		if err := shutdownWithinDefault(t); err != nil {
+			t.Fatalf("second Shutdown = %v", err)
+		}
+		checkShutDown(t)
+	})
+
+	// Init fails: New waits for the handlers, one of which calls Shutdown.
+	t.Run("rollback-detected during a failing Init", func(t *testing.T) {
+		testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+			useDefault(t)
+			ctx := context.Background()
+			db, table, a := auditLeader(t, tg, 3)
+			a.Shutdown(ctx)
+			deleteOnAcquire(t, tg, db, table, 3)
+			h := shutdownOnKind(cluster.EventRollbackDetected)
+			h.call = cluster.Shutdown
+			cluster.OnTransition(h.handle)
+			cfg := tg.Config(t, tg.Open(t), "b")
+			withAudit(table)(&cfg)
+			if err := cluster.Init(ctx, cfg); !errors.Is(err, cluster.ErrRollbackDetected) {
+				t.Fatalf("Init = %v, want ErrRollbackDetected", err)
+			}
+			if err := h.wait(t); err != nil {
+				t.Fatalf("Shutdown from the handler = %v", err)
+			}
+			checkShutDown(t)
+			if c := start(t, tg, "c"); !c.IsLeader() {
+				t.Fatal("the lease was not released")
+			}
+		})
+	})
+
+	t.Run("vault-key-rotated by Init", func(t *testing.T) {
+		testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+			useDefault(t)
+			ctx := context.Background()
+			a, err := vaultNode(t, tg, "a", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Shutdown(ctx)
+			h := shutdownOnKind(cluster.EventVaultKeyRotated)
+			h.call = cluster.Shutdown
+			cluster.OnTransition(h.handle)
+			cfg := tg.Config(t, tg.Open(t), "b")
+			cfg.VaultKeyFingerprint = fpOf(t, 1)
+			cfg.AcceptVaultKeyRotation = true
+			checkInitShutDown(t, cluster.Init(ctx, cfg))
+			if err := h.wait(t); err != nil {
+				t.Fatalf("Shutdown from the handler = %v", err)
+			}
+			checkShutDown(t)
+			if c, err := vaultNode(t, tg, "c", 1); err != nil || !c.IsLeader() {
+				t.Fatalf("after Shutdown during Init: New = %v, leads %v; want the lease released", err, c != nil && c.IsLeader())
+			}
+		})
+	})
+}
+
+// A Shutdown from another goroutine while Init runs waits for Init to shut
+// down what it created.
+func TestDefaultShutdownDuringInit(t *testing.T) {
+	useDefault(t)
+	book := newLeaseBook()
+	p := book.provider()
+	acquiring := make(chan struct{})
+	proceed := make(chan struct{})
+	var first sync.Once
+	acquire := p.AcquireFunc
+	p.AcquireFunc = func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		first.Do(func() {
+			close(acquiring)
+			<-proceed
+		})
+		return acquire(ctx, r)
+	}
+	initErr := make(chan error, 1)
+	go func() { initErr <- cluster.Init(context.Background(), fakeConfig(t, "n1", p)) }()
+	<-acquiring
+	if cluster.IsLeader() || cluster.RequireLeader() == nil {
+		t.Fatal("leads while Init runs")
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- shutdownWithinDefault(t) }()
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) while Init ran", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(proceed)
+	if err := <-initErr; !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("Init = %v, want ErrShutdown", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown = %v", err)
+	}
+	if book.held() {
+		t.Fatal("the lease Init acquired was not released")
+	}
+	checkShutDown(t)
+}
+
+// checkInitShutDown checks the result of an Init whose first events have
+// a handler that calls Shutdown. The handlers run on their own goroutine,
+// so Init may return before the handler calls Shutdown (nil), or after
+// (an error wrapping ErrShutdown). Either way Shutdown ends what Init
+// created; the caller checks that.
+func checkInitShutDown(t *testing.T, err error) {
+	t.Helper()
+	if err != nil && !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("Init = %v, want nil or ErrShutdown", err)
+	}
+	t.Logf("Init = %v", err)
+}
+
+// shutdownWithinDefault is shutdownWithin for the default instance.
+func shutdownWithinDefault(t *testing.T) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
+	defer cancel()
+	return cluster.Shutdown(ctx)
+}
+
+// deleteOnAcquire installs a trigger that deletes the row at counter from
+// the chain table whenever the lease row changes, so an acquisition finds
+// the chain rolled back although the check at boot passed.
+func deleteOnAcquire(t *testing.T, tg testdb.Target, db *sql.DB, table string, counter int) {
+	t.Helper()
+	ctx := context.Background()
+	name := tg.Prefix + "delete_on_acquire"
+	del := "DELETE FROM " + table + " WHERE monotonic_counter = " + strconv.Itoa(counter)
+	var stmts []string
+	switch tg.Dialect {
+	case cluster.SQLite:
+		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease BEGIN " + del + "; END"}
+	case cluster.MySQL:
+		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW " + del}
+	case cluster.Postgres:
+		stmts = []string{
+			"CREATE FUNCTION " + name + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " + del + "; RETURN NULL; END $$",
+			"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW EXECUTE FUNCTION " + name + "()",
+		}
+		t.Cleanup(func() { db.ExecContext(context.Background(), "DROP FUNCTION IF EXISTS "+name+"() CASCADE") })
+	}
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

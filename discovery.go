@@ -68,15 +68,6 @@ func (c *Cluster) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 	writeDiscovery(w, r, body)
 }
 
-// serveSingle answers for a process on which Init was never called.
-func serveSingle(w http.ResponseWriter, r *http.Request, up bool) {
-	body := discoveryBody{Self: discoverySelf{NodeID: SingleNodeID, IsLeader: up}}
-	if up {
-		body.Leader = &Leader{NodeID: SingleNodeID}
-	}
-	writeDiscovery(w, r, body)
-}
-
 func writeDiscovery(w http.ResponseWriter, r *http.Request, body discoveryBody) {
 	b, err := json.Marshal(body)
 	if err != nil { // cannot happen: every field is a string, number or bool

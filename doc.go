@@ -5,7 +5,9 @@
 //
 // When [Init] is never called the process is a permanent single leader:
 // [IsLeader] is true, [FencingToken] is 0 and nothing touches a database.
-// Several members can live in one process through [New].
+// Once Init is called it never is again: a failed Init fails closed (see
+// the default instance below). Several members can live in one process
+// through [New].
 //
 // # How election works
 //
@@ -85,6 +87,36 @@
 //   - Rolling back the database to an earlier snapshot can re-issue tokens
 //     that were already used; the chain checks and the witness file detect
 //     it.
+//
+// # The default instance
+//
+// The package-level functions ([Init], [IsLeader], [RequireLeader],
+// [Fence], ...) answer for one member per process, the default instance,
+// which is in one of four states:
+//
+//	state              IsLeader  FencingToken  RequireLeader      Fence, FenceToken          CurrentLeader     DiscoveryHandler
+//	never initialized  true      0             nil                nil and token 0            this process (*)  200, this process leads
+//	running            as the methods of the member, a Cluster, answer
+//	failed(err)        false     0             ErrNotLeader, err  ErrStaleFencingToken, err  err               503, "initialization failed"
+//	shut down          false     0             ErrNotLeader       ErrStaleFencingToken       ErrShutdown       503, "shut down"
+//
+// (*) with token 0 and a lease that never expires. "X, err" is an error
+// that wraps both the sentinel X and the error Init returned, whose text
+// it shows; errors wrapping [ErrNotLeader] carry HTTP status 503. The
+// discovery handler never shows Init's error, only the short reason.
+// [AdvanceTip] answers as Fence, except that before Init it returns an
+// error wrapping [ErrInvalidConfig]. [CurrentNodeID] is [SingleNodeID]
+// until Init is called, and from then on the NodeID given to the last Init
+// (SingleNodeID if that NodeID was itself invalid).
+//
+// Only "never initialized" is single-node mode. Init moves the instance to
+// running or failed; a failed Init may be retried. While Init runs the
+// functions answer as failed, with "Init has not returned yet" as the
+// cause, until New has created the member; from then on they answer for it,
+// so a handler of its first lease-acquired sees it lead. [Shutdown] moves
+// any state to shut down, for good: Init then returns
+// [ErrAlreadyInitialized]. Shutdown may be called from a transition
+// handler, even one running during Init.
 //
 // # Schema
 //

@@ -8,3 +8,14 @@ var MonoAfter = monoAfter
 
 // ResolveConfig returns c with its defaults applied, as New uses it.
 func ResolveConfig(c Config) (Config, error) { return c.resolve() }
+
+// ResetDefault forgets the default instance, as if Init had never been
+// called. The tests of the package-level functions share it, so they run
+// one at a time and reset it before and after; no Init may be under way.
+func ResetDefault() {
+	std.mu.Lock()
+	defer std.mu.Unlock()
+	std.state.Store(nil)
+	std.handlers = nil
+	std.init = nil
+}

@@ -82,28 +82,6 @@ func (c *Cluster) FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
 	return t.lease.FencingToken, nil
 }
 
-// Fence fences tx with the default instance; see [Cluster.Fence]. When
-// [Init] was never called the process is the only writer and Fence returns
-// nil without touching tx; after [Shutdown] it returns an error wrapping
-// [ErrStaleFencingToken].
-func Fence(ctx context.Context, tx DBTX) error {
-	_, err := FenceToken(ctx, tx)
-	return err
-}
-
-// FenceToken fences tx with the default instance and returns the token it
-// verified; see [Cluster.FenceToken]. When [Init] was never called it
-// returns 0 and nil.
-func FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
-	if c := std.c.Load(); c != nil {
-		return c.FenceToken(ctx, tx)
-	}
-	if std.down.Load() {
-		return 0, fmt.Errorf("%w: the single-node process is shut down", ErrStaleFencingToken)
-	}
-	return 0, nil
-}
-
 // fence checks l against the lease row in tx, locking the row for share.
 // It bounds, on the server, the wait for the lock and how long tx may then
 // idle, both by ttl: a fenced transaction whose client vanished must not

@@ -158,15 +158,6 @@ func (c *Cluster) loadWitness() (*witness, error) {
 	return c.wit.w, nil
 }
 
-// AdvanceTip records a chain tip with the default instance; see
-// [Cluster.AdvanceTip]. Before [Init] there is no chain to advance.
-func AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
-	if c := std.c.Load(); c != nil {
-		return c.AdvanceTip(ctx, tx, chain, counter, rowHash)
-	}
-	return fmt.Errorf("%w: chain %q: call Init with Config.Chains before AdvanceTip", ErrInvalidConfig, chain)
-}
-
 func (c *Cluster) hasChain(name string) bool {
 	for _, ch := range c.cfg.Chains {
 		if ch.Name == name {

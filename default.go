@@ -1,0 +1,406 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+)
+
+// SingleNodeID is the node ID reported when [Init] was never called.
+const SingleNodeID = "single-node-local"
+
+// The default instance behind the package-level functions. Its state (see
+// the table in the package doc) is one immutable stdState, read with one
+// atomic load; nil means Init was never called, and only then is the
+// process a single leader.
+var std struct {
+	state atomic.Pointer[stdState]
+
+	// mu orders the transitions and guards handlers and init. It is never
+	// held while waiting for anything, so a transition handler may call
+	// any package-level function, Shutdown included, even during Init.
+	mu       sync.Mutex
+	handlers []func(Event) // registered by OnTransition for the next Init
+	init     *stdInit      // the Init call under way, if any
+}
+
+type stdKind int
+
+const (
+	stdStarting stdKind = iota + 1 // an Init call is under way
+	stdRunning                     // Init succeeded
+	stdFailed                      // the last Init failed
+	stdDown                        // Shutdown was called, for good
+)
+
+// stdState is one state of the default instance. The errors are made
+// once, when the state is entered, so the calls that return them do not
+// allocate.
+type stdState struct {
+	kind stdKind
+	// c is the member: the running one, the one Init is creating once it
+	// exists, or, when down, the one Shutdown shut down.
+	c      *Cluster
+	nodeID string // reported by CurrentNodeID when c does not answer
+
+	errNotLeader error  // returned by RequireLeader
+	errFence     error  // returned by Fence, FenceToken and AdvanceTip
+	errLeader    error  // returned by CurrentLeader
+	reason       string // the discovery handler's "error"
+}
+
+// stdInit is an Init call under way.
+type stdInit struct {
+	c    *Cluster      // the member New is creating, once it exists; guarded by std.mu
+	done chan struct{} // closed when Init returns
+	// shutdownErr is the result of shutting c down when Shutdown was
+	// called while Init ran; set before done closes.
+	shutdownErr error
+}
+
+// member returns the Cluster that answers the package-level calls, or nil
+// when none does.
+func (s *stdState) member() *Cluster {
+	if s.kind == stdRunning || s.kind == stdStarting {
+		return s.c
+	}
+	return nil
+}
+
+func runningState(c *Cluster) *stdState { return &stdState{kind: stdRunning, c: c, nodeID: c.NodeID()} }
+
+// startingState is the state while Init runs: until New has created the
+// member the calls fail closed; from then on they answer for it, so a
+// handler of its first lease-acquired sees it lead.
+func startingState(nodeID string, c *Cluster) *stdState {
+	const why = "Init has not returned yet"
+	return &stdState{
+		kind:         stdStarting,
+		c:            c,
+		nodeID:       nodeID,
+		errNotLeader: fmt.Errorf("%w: %s", ErrNotLeader, why),
+		errFence:     fmt.Errorf("%w: %s", ErrStaleFencingToken, why),
+		errLeader:    fmt.Errorf("cluster: read leader: %s", why),
+		reason:       "initializing",
+	}
+}
+
+func failedState(nodeID string, err error) *stdState {
+	return &stdState{
+		kind:         stdFailed,
+		nodeID:       nodeID,
+		errNotLeader: fmt.Errorf("%w: Init failed: %w", ErrNotLeader, err),
+		errFence:     fmt.Errorf("%w: Init failed: %w", ErrStaleFencingToken, err),
+		errLeader:    fmt.Errorf("cluster: read leader: Init failed: %w", err),
+		reason:       "initialization failed",
+	}
+}
+
+func downState(nodeID string, c *Cluster) *stdState {
+	return &stdState{
+		kind:         stdDown,
+		c:            c,
+		nodeID:       nodeID,
+		errNotLeader: fmt.Errorf("%w: this process is shut down", ErrNotLeader),
+		errFence:     fmt.Errorf("%w: this process is shut down", ErrStaleFencingToken),
+		errLeader:    ErrShutdown,
+		reason:       "shut down",
+	}
+}
+
+// configuredNodeID is what CurrentNodeID reports for cfg before a member
+// exists: its NodeID when valid, and otherwise SingleNodeID.
+func configuredNodeID(cfg Config) string {
+	if cfg.NodeID == "" || checkText("NodeID", cfg.NodeID, maxNodeIDLen) != nil {
+		return SingleNodeID
+	}
+	return cfg.NodeID
+}
+
+// Init makes this process a member of the cluster described by cfg, as
+// [New] does, and routes the package-level functions to it. Until Init is
+// called the process is a permanent single leader: [IsLeader] is true,
+// [FencingToken] is 0, [CurrentNodeID] is "single-node-local", and no
+// goroutine runs and no database is touched.
+//
+// Once Init is called the process is never a single leader again. While
+// it runs, and after it fails, the package-level functions fail closed:
+// IsLeader is false and the errors wrap Init's (see the package doc). A
+// failed Init may be retried; a second call after one succeeded, or during
+// one, returns [ErrAlreadyInitialized]. If [Shutdown] is called while Init
+// runs, Init shuts down the member it created and returns an error
+// wrapping [ErrShutdown].
+func Init(ctx context.Context, cfg Config) error {
+	std.mu.Lock()
+	s := std.state.Load()
+	switch {
+	case std.init != nil:
+		std.mu.Unlock()
+		return fmt.Errorf("%w: another Init call is under way", ErrAlreadyInitialized)
+	case s != nil && (s.kind == stdRunning || s.kind == stdDown):
+		std.mu.Unlock()
+		return fmt.Errorf("%w: Init may be called once per process", ErrAlreadyInitialized)
+	}
+	in := &stdInit{done: make(chan struct{})}
+	defer close(in.done)
+	std.init = in
+	nodeID := configuredNodeID(cfg)
+	std.state.Store(startingState(nodeID, nil))
+	std.mu.Unlock()
+
+	c, err := newCluster(ctx, cfg, func(c *Cluster) {
+		// Called before New emits anything, so the handlers see every event.
+		std.mu.Lock()
+		defer std.mu.Unlock()
+		for _, h := range std.handlers {
+			c.events.subscribe(h)
+		}
+		in.c = c
+		if std.state.Load().kind == stdStarting {
+			std.state.Store(startingState(nodeID, c))
+		}
+	})
+
+	std.mu.Lock()
+	std.init = nil
+	switch {
+	case std.state.Load().kind == stdDown:
+		// Shutdown was called while Init ran, and waits for Init (unless it
+		// was called from a handler of c) to shut c down.
+		if err != nil {
+			std.mu.Unlock()
+			return err
+		}
+		std.state.Store(downState(c.NodeID(), c))
+		std.mu.Unlock()
+		in.shutdownErr = c.Shutdown(ctx)
+		return errors.Join(fmt.Errorf("%w: Shutdown was called while Init ran", ErrShutdown), in.shutdownErr)
+	case err != nil:
+		std.state.Store(failedState(nodeID, err))
+		std.mu.Unlock()
+		return err
+	}
+	std.handlers = nil
+	std.state.Store(runningState(c))
+	std.mu.Unlock()
+	return nil
+}
+
+// IsLeader reports whether this process leads; see [Cluster.IsLeader]. It
+// is true when [Init] was never called, false while Init runs and after it
+// failed, and false for good after [Shutdown].
+func IsLeader() bool {
+	s := std.state.Load()
+	if s == nil {
+		return true
+	}
+	if c := s.member(); c != nil {
+		return c.IsLeader()
+	}
+	return false
+}
+
+// FencingToken returns the token of the term this process leads in, or 0
+// when it does not lead or [Init] was never called.
+func FencingToken() uint64 {
+	if s := std.state.Load(); s != nil {
+		if c := s.member(); c != nil {
+			return c.FencingToken()
+		}
+	}
+	return 0
+}
+
+// RequireLeader returns nil if this process leads, and otherwise an error
+// wrapping [ErrNotLeader] that carries HTTP status 503. After a failed
+// [Init] the error also wraps Init's error.
+func RequireLeader() error {
+	s := std.state.Load()
+	if s == nil {
+		return nil
+	}
+	if c := s.member(); c != nil {
+		return c.RequireLeader()
+	}
+	return s.errNotLeader
+}
+
+// CurrentNodeID returns this process's node ID, or "single-node-local"
+// when [Init] was never called. After a failed Init it returns the NodeID
+// Init was given, unless that NodeID was itself invalid.
+func CurrentNodeID() string {
+	s := std.state.Load()
+	if s == nil {
+		return SingleNodeID
+	}
+	if c := s.member(); c != nil {
+		return c.NodeID()
+	}
+	return s.nodeID
+}
+
+// Endpoint returns this process's configured endpoint, or "" when none was
+// configured or no member is running.
+func Endpoint() string {
+	if s := std.state.Load(); s != nil {
+		if c := s.member(); c != nil {
+			return c.Endpoint()
+		}
+	}
+	return ""
+}
+
+// CurrentLeader reads who leads; see [Cluster.CurrentLeader]. When [Init]
+// was never called it returns this process as a leader whose lease never
+// expires (a zero LeaseExpiresAt). After a failed Init it returns an error
+// wrapping Init's, and after [Shutdown] [ErrShutdown].
+func CurrentLeader(ctx context.Context) (*Leader, error) {
+	s := std.state.Load()
+	if s == nil {
+		return &Leader{NodeID: SingleNodeID}, nil
+	}
+	if c := s.member(); c != nil {
+		return c.CurrentLeader(ctx)
+	}
+	return nil, s.errLeader
+}
+
+// OnTransition registers f with the default instance; see
+// [Cluster.OnTransition]. Handlers registered before [Init], or after one
+// failed, are attached to the member Init creates before it emits any
+// event. In single-node mode no transition ever happens; after [Shutdown]
+// none will.
+func OnTransition(f func(Event)) {
+	if f == nil {
+		return
+	}
+	std.mu.Lock()
+	defer std.mu.Unlock()
+	s := std.state.Load()
+	switch {
+	case s != nil && s.kind == stdRunning:
+		s.c.OnTransition(f)
+	case s != nil && s.kind == stdDown:
+	default:
+		std.handlers = append(std.handlers, f)
+		if std.init != nil && std.init.c != nil {
+			std.init.c.OnTransition(f)
+		}
+	}
+}
+
+// Shutdown shuts the default instance down; see [Cluster.Shutdown]. It
+// ends the process's membership for good, whatever the state: afterwards
+// [IsLeader] is false, the errors say the process is shut down, and [Init]
+// returns [ErrAlreadyInitialized].
+//
+// Shutdown may be called from a transition handler, as
+// [Cluster.Shutdown] may. Called while Init runs, it waits for Init to
+// shut down the member it is creating (bounded by ctx), except from a
+// handler of that member, where it returns nil at once.
+func Shutdown(ctx context.Context) error {
+	std.mu.Lock()
+	s := std.state.Load()
+	var c *Cluster
+	switch {
+	case s == nil:
+		std.state.Store(downState(SingleNodeID, nil))
+	case s.kind == stdDown:
+		c = s.c
+	case s.kind == stdRunning:
+		c = s.c
+		std.state.Store(downState(s.nodeID, c))
+	default: // starting or failed
+		std.state.Store(downState(s.nodeID, nil))
+	}
+	in := std.init
+	var creating *Cluster
+	if in != nil {
+		creating = in.c
+	}
+	std.mu.Unlock()
+
+	if c != nil {
+		return c.Shutdown(ctx)
+	}
+	if in == nil {
+		return nil
+	}
+	// Init is under way and shuts down what it creates when New returns;
+	// New may be waiting for this very handler.
+	if creating != nil && creating.events.current() {
+		return nil
+	}
+	select {
+	case <-in.done:
+		return in.shutdownErr
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: waiting for Init under way to shut down: %w", ctx.Err())
+	}
+}
+
+// DiscoveryHandler returns the default instance's discovery handler; see
+// [Cluster.DiscoveryHandler]. It may be mounted before [Init]: each request
+// uses the instance current at that time, answers 200 for the single node
+// when Init was never called, and 503 with "leader":null and a short
+// "error" (never Init's error text) while Init runs, after it failed and
+// after [Shutdown].
+func DiscoveryHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := std.state.Load()
+		if s == nil {
+			writeDiscovery(w, r, discoveryBody{
+				Leader: &Leader{NodeID: SingleNodeID},
+				Self:   discoverySelf{NodeID: SingleNodeID, IsLeader: true},
+			})
+			return
+		}
+		if c := s.member(); c != nil {
+			c.DiscoveryHandler().ServeHTTP(w, r)
+			return
+		}
+		writeDiscovery(w, r, discoveryBody{Self: discoverySelf{NodeID: s.nodeID}, Error: s.reason})
+	})
+}
+
+// Fence fences tx with the default instance; see [Cluster.Fence]. When
+// [Init] was never called the process is the only writer and Fence returns
+// nil without touching tx; while Init runs, after it failed and after
+// [Shutdown] it returns an error wrapping [ErrStaleFencingToken] (and
+// Init's error, after a failed Init).
+func Fence(ctx context.Context, tx DBTX) error {
+	_, err := FenceToken(ctx, tx)
+	return err
+}
+
+// FenceToken fences tx with the default instance and returns the token it
+// verified; see [Cluster.FenceToken] and [Fence]. When [Init] was never
+// called it returns 0 and nil.
+func FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
+	s := std.state.Load()
+	if s == nil {
+		return 0, nil
+	}
+	if c := s.member(); c != nil {
+		return c.FenceToken(ctx, tx)
+	}
+	return 0, s.errFence
+}
+
+// AdvanceTip records a chain tip with the default instance; see
+// [Cluster.AdvanceTip]. Before [Init] there is no chain to advance; while
+// Init runs, after it failed and after [Shutdown] it returns the error
+// [Fence] would.
+func AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
+	s := std.state.Load()
+	if s == nil {
+		return fmt.Errorf("%w: chain %q: call Init with Config.Chains before AdvanceTip", ErrInvalidConfig, chain)
+	}
+	if c := s.member(); c != nil {
+		return c.AdvanceTip(ctx, tx, chain, counter, rowHash)
+	}
+	return s.errFence
+}
