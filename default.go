@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,21 @@ var std struct {
 	mu       sync.Mutex
 	handlers []func(Event) // registered by OnTransition for the next Init
 	init     *stdInit      // the Init call under way, if any
+	// changed is closed, and replaced, by every change of state: it wakes
+	// package-level RunWhileLeader calls and ends single-node work.
+	changed chan struct{}
+	// single counts leader work running in single-node mode, which Init
+	// and Shutdown wait for.
+	single workCount
+}
+
+// setState moves the default instance to s. The caller holds std.mu.
+func setState(s *stdState) {
+	std.state.Store(s)
+	if std.changed != nil {
+		close(std.changed)
+	}
+	std.changed = make(chan struct{})
 }
 
 type stdKind int
@@ -100,13 +116,14 @@ func failedState(nodeID string, err error) *stdState {
 }
 
 func downState(nodeID string, c *Cluster) *stdState {
+	down := fmt.Errorf("%w: this process is shut down", ErrShutdown)
 	return &stdState{
 		kind:         stdDown,
 		c:            c,
 		nodeID:       nodeID,
-		errNotLeader: fmt.Errorf("%w: this process is shut down", ErrNotLeader),
-		errFence:     fmt.Errorf("%w: this process is shut down", ErrStaleFencingToken),
-		errLeader:    ErrShutdown,
+		errNotLeader: down,
+		errFence:     fmt.Errorf("%w: this process is shut down, so its fencing token is stale (%w)", ErrShutdown, ErrStaleFencingToken),
+		errLeader:    down,
 		reason:       "shut down",
 	}
 }
@@ -148,8 +165,9 @@ func Init(ctx context.Context, cfg Config) error {
 	defer close(in.done)
 	std.init = in
 	nodeID := configuredNodeID(cfg)
-	std.state.Store(startingState(nodeID, nil))
+	setState(startingState(nodeID, nil)) // ends single-node work
 	std.mu.Unlock()
+	waitSingle(ctx, "Init")
 
 	c, err := newCluster(ctx, cfg, func(c *Cluster) {
 		// Called before New emits anything, so the handlers see every event.
@@ -160,7 +178,7 @@ func Init(ctx context.Context, cfg Config) error {
 		}
 		in.c = c
 		if std.state.Load().kind == stdStarting {
-			std.state.Store(startingState(nodeID, c))
+			setState(startingState(nodeID, c))
 		}
 	})
 
@@ -174,17 +192,17 @@ func Init(ctx context.Context, cfg Config) error {
 			std.mu.Unlock()
 			return err
 		}
-		std.state.Store(downState(c.NodeID(), c))
+		setState(downState(c.NodeID(), c))
 		std.mu.Unlock()
 		in.shutdownErr = c.Shutdown(ctx)
 		return errors.Join(fmt.Errorf("%w: Shutdown was called while Init ran", ErrShutdown), in.shutdownErr)
 	case err != nil:
-		std.state.Store(failedState(nodeID, err))
+		setState(failedState(nodeID, err))
 		std.mu.Unlock()
 		return err
 	}
 	std.handlers = nil
-	std.state.Store(runningState(c))
+	setState(runningState(c))
 	std.mu.Unlock()
 	return nil
 }
@@ -307,14 +325,14 @@ func Shutdown(ctx context.Context) error {
 	var c *Cluster
 	switch {
 	case s == nil:
-		std.state.Store(downState(SingleNodeID, nil))
+		setState(downState(SingleNodeID, nil))
 	case s.kind == stdDown:
 		c = s.c
 	case s.kind == stdRunning:
 		c = s.c
-		std.state.Store(downState(s.nodeID, c))
+		setState(downState(s.nodeID, c))
 	default: // starting or failed
-		std.state.Store(downState(s.nodeID, nil))
+		setState(downState(s.nodeID, nil))
 	}
 	in := std.init
 	var creating *Cluster
@@ -327,6 +345,7 @@ func Shutdown(ctx context.Context) error {
 		return c.Shutdown(ctx)
 	}
 	if in == nil {
+		waitSingle(ctx, "Shutdown")
 		return nil
 	}
 	// Init is under way and shuts down what it creates when New returns;
@@ -403,4 +422,95 @@ func AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowH
 		return c.AdvanceTip(ctx, tx, chain, counter, rowHash)
 	}
 	return s.errFence
+}
+
+// RunWhileLeader runs leader-only work with the default instance; see
+// [Cluster.RunWhileLeader]. When [Init] was never called the process is
+// the leader for good: fn runs once with token 0, and its context is
+// cancelled when ctx is done, when Init is called (which waits for fn,
+// within its own context, before it campaigns) or at [Shutdown] (which
+// waits for it likewise). While Init runs, and after it failed, fn does
+// not run: RunWhileLeader waits for an Init to succeed. After Shutdown it
+// returns an error wrapping [ErrShutdown].
+func RunWhileLeader(ctx context.Context, fn func(ctx context.Context, token uint64) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: RunWhileLeader needs a non-nil fn", ErrInvalidConfig)
+	}
+	for {
+		std.mu.Lock()
+		s := std.state.Load()
+		if std.changed == nil {
+			std.changed = make(chan struct{})
+		}
+		changed := std.changed
+		if s == nil {
+			std.single.add() // under mu: Init and Shutdown see it once they change the state
+		}
+		std.mu.Unlock()
+		switch {
+		case s == nil:
+			runSingle(ctx, changed, fn)
+		case s.kind == stdRunning:
+			return s.c.RunWhileLeader(ctx, fn)
+		case s.kind == stdDown:
+			return s.errNotLeader
+		}
+		// Starting or failed, or single-node work that returned: wait for
+		// the next state.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// runSingle runs fn for the single node's endless term, until ctx is done
+// or the default instance changes state.
+func runSingle(ctx context.Context, changed <-chan struct{}, fn func(context.Context, uint64) error) {
+	defer std.single.done()
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-changed:
+			cancel()
+		case <-fctx.Done():
+		}
+	}()
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return fn(fctx, 0)
+	}()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		slog.Default().Error("cluster: leader work failed; in single-node mode it runs again only after Init", "err", err)
+	}
+}
+
+// waitSingle waits, within ctx, for single-node work to stop.
+func waitSingle(ctx context.Context, what string) {
+	if n, err := std.single.wait(ctx); err != nil {
+		slog.Default().WarnContext(ctx, "cluster: single-node leader work ignored its context past the "+what+" deadline", "running", n, "err", err)
+	}
+}
+
+// Resign ends the default instance's term; see [Cluster.Resign]. When
+// [Init] was never called, while Init runs and after it failed it does
+// nothing and returns nil (a single node cannot step down: there is no
+// other); after [Shutdown] it returns an error wrapping [ErrShutdown].
+func Resign(ctx context.Context) error {
+	s := std.state.Load()
+	switch {
+	case s == nil:
+		return nil
+	case s.kind == stdRunning:
+		return s.c.Resign(ctx)
+	case s.kind == stdDown:
+		return s.errNotLeader
+	}
+	return nil
 }

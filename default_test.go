@@ -207,10 +207,10 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		undo := newerSchema(t, tg, db)
 		events := make(chan cluster.Event, 8)
 		cluster.OnTransition(func(e cluster.Event) {
-		if e.Kind != cluster.EventLeaderChanged {
-			events <- e
-		}
-	})
+			if e.Kind != cluster.EventLeaderChanged {
+				events <- e
+			}
+		})
 
 		cfg := tg.Config(t, db, "n1")
 		initErr := cluster.Init(ctx, cfg)
@@ -513,3 +513,80 @@ func deleteOnAcquire(t *testing.T, tg testdb.Target, db *sql.DB, table string, c
 		}
 	}
 }
+
+// The package-level RunWhileLeader runs the work once in single-node mode
+// (token 0) until Init, which ends it and waits for it before
+// campaigning; it does not run while Init fails; it runs in the member's
+// terms once Init succeeds; Shutdown stops it before releasing.
+func TestDefaultRunWhileLeader(t *testing.T) {
+	useDefault(t)
+	ctx := context.Background()
+	type run struct {
+		token   uint64
+		stopped chan struct{}
+	}
+	runs := make(chan run, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+			r := run{token, make(chan struct{})}
+			runs <- r
+			<-ctx.Done()
+			time.Sleep(50 * time.Millisecond) // winding down
+			close(r.stopped)
+			return nil
+		})
+	}()
+	single := <-runs
+	if single.token != 0 {
+		t.Fatalf("single-node work got token %d, want 0", single.token)
+	}
+
+	// A failing Init ends single-node work, after waiting for it, and
+	// none runs while nothing leads.
+	failing := fakeConfig(t, "n1", &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
+		return cluster.Lease{}, errors.New("unreachable")
+	}})
+	failing.Provider = initFailer{failing.Provider}
+	if err := cluster.Init(ctx, failing); err == nil {
+		t.Fatal("Init with a failing provider succeeded")
+	}
+	select {
+	case <-single.stopped:
+	default:
+		t.Fatal("Init returned before single-node work stopped")
+	}
+	select {
+	case r := <-runs:
+		t.Fatalf("work ran with token %d after a failed Init", r.token)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	// A successful Init: the work runs in the member's term.
+	if err := cluster.Init(ctx, fakeConfig(t, "n1", leaderProvider())); err != nil {
+		t.Fatal(err)
+	}
+	member := <-runs
+	if member.token != 1 {
+		t.Fatalf("work after Init got token %d, want 1", member.token)
+	}
+	if err := cluster.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-member.stopped:
+	default:
+		t.Fatal("Shutdown returned before the work stopped")
+	}
+	if err := <-done; !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("RunWhileLeader after Shutdown = %v, want ErrShutdown", err)
+	}
+	if err := cluster.Resign(ctx); !errors.Is(err, cluster.ErrShutdown) || !errors.Is(err, cluster.ErrNotLeader) {
+		t.Fatalf("Resign after Shutdown = %v", err)
+	}
+}
+
+// initFailer is a provider whose Init fails, so cluster.Init does.
+type initFailer struct{ cluster.Provider }
+
+func (initFailer) Init(context.Context) error { return errors.New("database unreachable") }

@@ -39,6 +39,33 @@
 // the window ends without a successful renew the node reports lease-lost
 // with reason "self-fenced" and campaigns again for a new term.
 //
+// # Leader work
+//
+// [Cluster.RunWhileLeader] runs a function in every term this node leads,
+// with a context that ends with the term: a timer armed from the trust
+// window's deadline cancels it a moment before IsLeader would turn false
+// by itself, and a lost lease, [Cluster.Resign], [Cluster.Shutdown] or the
+// caller cancel it too. Shutdown and Resign cancel it, wait for the work
+// to return while they keep renewing the lease, and only then release it,
+// so another node does not start the same work while this one still runs
+// it. The context is a prompt signal; the guarantee is [Cluster.Fence]:
+// a process paused between checking the context and writing is refused by
+// the database.
+//
+// # Events
+//
+// Handlers registered with [Cluster.OnTransition] or [Config.OnTransition]
+// receive this node's transitions (lease-acquired, lease-lost,
+// lease-released, rollback-detected, vault-key-rotated) and
+// leader-changed, which every node emits, followers included, when it
+// learns of a new term or of the lease becoming free. Candidates learn it
+// from the attempts they make anyway; nodes with [RoleFollower] read the
+// lease once per heartbeat. A handler in Config.OnTransition sees every
+// event from the first acquisition on, even one made before [New]
+// returns; a handler registered later sees the events emitted after it was
+// registered. [Event.Reason] is a [Reason] to switch on; free text is in
+// Event.Detail and errors in Event.Err.
+//
 // # Fencing
 //
 // The fencing token grows with every acquisition, including a node taking
@@ -56,15 +83,21 @@
 // by the database clock, that the lease is free or expired (acquire) or
 // that it belongs to the caller's unexpired term (renew and release). Two
 // nodes can therefore never both be granted the same unexpired lease, and
-// tokens are strictly increasing per lease name; a trigger refuses lowering
-// a token or deleting a lease row.
+// tokens are strictly increasing per lease name; triggers refuse lowering a
+// token and deleting, renaming, truncating or replacing a lease row, and
+// the table <prefix>high_water keeps the highest token ever granted, so
+// none is granted twice. Each guard raises its own SQLSTATE, mapped to a
+// sentinel ([ErrStaleFencingToken], [ErrTipBackwards], [ErrTipRewritten],
+// [ErrTipDeleted], [ErrLeaseDeleted], [ErrTokenLowered],
+// [ErrRollbackDetected]). The README's "What holds on each dialect" says
+// what MySQL cannot trap and what an operator must configure.
 //
 // [Cluster.Fence] checks the term inside the caller's transaction and holds
 // the lease row for share until it ends, so every committed write fenced
 // with token T commits before any acquisition of a later token. The chain
 // tips table ([Config.Chains], [Cluster.AdvanceTip]) carries triggers that
-// refuse a tip under a stale token, a tip moving backwards and deletes, in
-// SQL, whoever writes. [New] and every acquisition compare each chain's
+// refuse a tip under a stale token, a tip moving backwards or rewritten at
+// its counter with another hash, and deletes, in SQL, whoever writes. [New] and every acquisition compare each chain's
 // table with its tip and, with [Config.WitnessFile], the database with what
 // this node saw before, so a rolled-back database is refused
 // ([ErrRollbackDetected]); [Config.VaultKeys] makes every node prove it
@@ -94,13 +127,17 @@
 // [Fence], ...) answer for one member per process, the default instance,
 // which is in one of four states:
 //
-//	state              IsLeader  FencingToken  RequireLeader      Fence, FenceToken          CurrentLeader     DiscoveryHandler
-//	never initialized  true      0             nil                nil and token 0            this process (*)  200, this process leads
+//	state              IsLeader  FencingToken  RequireLeader      Fence, FenceToken          CurrentLeader     DiscoveryHandler          RunWhileLeader
+//	never initialized  true      0             nil                nil and token 0            this process (*)  200, this process leads   fn once, token 0 (**)
 //	running            as the methods of the member, a Cluster, answer
-//	failed(err)        false     0             ErrNotLeader, err  ErrStaleFencingToken, err  err               503, "initialization failed"
-//	shut down          false     0             ErrNotLeader       ErrStaleFencingToken       ErrShutdown       503, "shut down"
+//	failed(err)        false     0             ErrNotLeader, err  ErrStaleFencingToken, err  err               503, "initialization failed"  waits for an Init
+//	shut down          false     0             ErrShutdown        ErrShutdown (***)          ErrShutdown       503, "shut down"          ErrShutdown
 //
-// (*) with token 0 and a lease that never expires. "X, err" is an error
+// (*) with token 0 and a lease that never expires. (**) until its
+// context ends: Init and Shutdown cancel it and wait for it. (***) which
+// also matches ErrStaleFencingToken; ErrShutdown matches ErrNotLeader and
+// carries HTTP status 503. [Resign] does nothing but in the running state,
+// and returns ErrShutdown when shut down. "X, err" is an error
 // that wraps both the sentinel X and the error Init returned, whose text
 // it shows; errors wrapping [ErrNotLeader] carry HTTP status 503. The
 // discovery handler never shows Init's error, only the short reason.
@@ -120,8 +157,11 @@
 //
 // # Schema
 //
-// [New] creates the tables it needs if they are missing, under a lock that
-// serializes nodes booting at once (pg_advisory_xact_lock, GET_LOCK or
-// BEGIN IMMEDIATE), and records [SchemaVersion] in <prefix>schema_version.
-// The DDL is in the schema directory of the module, one file per dialect.
+// [New] reads <prefix>schema_version first and runs no DDL when it records
+// this build's [SchemaVersion], so a node starts on a read-only replica or
+// under a role without DDL rights. Otherwise it creates or upgrades the
+// tables under a lock that serializes nodes booting at once
+// (pg_advisory_xact_lock, GET_LOCK or BEGIN IMMEDIATE), waiting at most 5s
+// for the tables. The DDL is in the schema directory of the module, one
+// file per dialect.
 package cluster

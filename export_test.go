@@ -15,7 +15,7 @@ func ResolveConfig(c Config) (Config, error) { return c.resolve() }
 func ResetDefault() {
 	std.mu.Lock()
 	defer std.mu.Unlock()
-	std.state.Store(nil)
+	setState(nil) // also ends single-node work
 	std.handlers = nil
 	std.init = nil
 }

@@ -1,6 +1,7 @@
 // Command httpmux is a small service that joins a cluster, mounts the
-// discovery handler on its existing http.ServeMux, and accepts writes only
-// while it leads. Run two of them against one database file and stop the
+// discovery handler on its existing http.ServeMux, accepts writes only
+// while it leads, and runs a scheduled report job on the leader alone
+// (cluster.RunWhileLeader). Run two of them against one database file and stop the
 // leader to watch the other take over:
 //
 //	go run ./examples/httpmux -node node-1 -addr 127.0.0.1:8081 -db /tmp/orders.db &
@@ -34,6 +35,7 @@ func main() {
 	node := flag.String("node", "node-1", "this node's ID")
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	path := flag.String("db", filepath.Join(os.TempDir(), "httpmux-orders.db"), "SQLite database file shared by the nodes")
+	every := flag.Duration("report-every", 10*time.Second, "how often the leader writes an order report")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -61,6 +63,12 @@ func main() {
 		log.Fatal(err)
 	}
 
+	// The report job runs on the leader only, in every term it leads, and
+	// stops when the term ends; Shutdown waits for it before releasing.
+	go cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+		return s.reportEvery(ctx, *every)
+	})
+
 	srv := &http.Server{Addr: *addr, Handler: s.routes(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
@@ -87,7 +95,50 @@ func (s *service) migrate(ctx context.Context) error {
 		item TEXT NOT NULL,
 		fencing_token INTEGER NOT NULL,
 		node TEXT NOT NULL)`)
+	if err == nil {
+		_, err = s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS reports (
+			id INTEGER PRIMARY KEY AUTOINCREMENT,
+			orders INTEGER NOT NULL,
+			fencing_token INTEGER NOT NULL,
+			node TEXT NOT NULL)`)
+	}
 	return err
+}
+
+// reportEvery writes an order report every interval until ctx ends, which
+// happens when this node's term does.
+func (s *service) reportEvery(ctx context.Context, every time.Duration) error {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if err := s.report(ctx); err != nil && !errors.Is(err, cluster.ErrNotLeader) {
+			log.Printf("report: %v", err)
+		}
+	}
+}
+
+// report writes one report, fenced: the context says when to stop, but
+// only the database can refuse a report written after the term ended.
+func (s *service) report(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	token, err := cluster.FenceToken(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO reports (orders, fencing_token, node) SELECT COUNT(*), ?, ? FROM orders",
+		token, cluster.CurrentNodeID()); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // routes adds the cluster's discovery handler to the service's own mux.

@@ -33,6 +33,21 @@ func TestService(t *testing.T) {
 	}
 	srv := httptest.NewServer(s.routes())
 	defer srv.Close()
+	go cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+		return s.reportEvery(ctx, 20*time.Millisecond)
+	})
+	reports := func() (n int) {
+		t.Helper()
+		if err := db.QueryRow("SELECT COUNT(*) FROM reports").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for deadline := time.Now().Add(5 * time.Second); reports() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader wrote no report")
+		}
+	}
 
 	resp, err := http.Get(srv.URL + "/cluster/leader")
 	if err != nil {
@@ -63,6 +78,12 @@ func TestService(t *testing.T) {
 	}
 	if code := post(); code != http.StatusServiceUnavailable {
 		t.Fatalf("POST /orders after leaving the cluster: %d, want 503", code)
+	}
+	// Shutdown stopped the report job before it returned.
+	n := reports()
+	time.Sleep(100 * time.Millisecond)
+	if m := reports(); m != n {
+		t.Fatalf("%d reports were written after Shutdown", m-n)
 	}
 	resp, err = http.Get(srv.URL + "/orders")
 	if err != nil {
