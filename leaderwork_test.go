@@ -262,25 +262,32 @@ func TestLeaderChangedReachesFollowers(t *testing.T) {
 }
 
 // A handler set in Config.OnTransition sees the first acquisition, every
-// time, even when it is made before New returns.
+// time, even when it is made before New returns (100 runs per dialect).
 func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 	t.Parallel()
-	for i := range 100 {
-		log := &eventLog{}
-		cfg := fakeConfig(t, "a", &fakeProvider{})
-		cfg.OnTransition = log.add
-		c, err := cluster.New(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		db := tg.Open(t)
+		for i := range 100 {
+			log := &eventLog{}
+			cfg := tg.Config(t, db, "a")
+			cfg.Logger = nil
+			cfg.OnTransition = log.add
+			c, err := cluster.New(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.IsLeader() {
+				t.Fatalf("run %d: a lone node does not lead when New returns", i)
+			}
+			if err := c.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			evs := log.all()
+			if len(evs) == 0 || evs[0].Kind != cluster.EventLeaseAcquired || evs[0].FencingToken != uint64(i+1) {
+				t.Fatalf("run %d: the Config handler saw %+v first, want lease-acquired with token %d", i, evs, i+1)
+			}
 		}
-		if err := c.Shutdown(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		evs := log.all()
-		if len(evs) == 0 || evs[0].Kind != cluster.EventLeaseAcquired {
-			t.Fatalf("run %d: the Config handler saw %v first, want lease-acquired", i, evs)
-		}
-	}
+	})
 }
 
 type sqlTx = sql.Tx
