@@ -133,7 +133,7 @@ func BenchmarkAdvanceTip(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					if _, err := c.FenceToken(ctx, tx); err != nil {
+					if _, err := c.Fence(ctx, tx); err != nil {
 						b.Fatal(err)
 					}
 					if err := c.AdvanceTip(ctx, tx, "audit", n, []byte("h")); err != nil {

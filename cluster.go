@@ -20,7 +20,11 @@ type Cluster struct {
 	cfg      Config
 	log      *slog.Logger
 	provider Provider
-	db       *dbProvider // the lease's database, nil with a custom Provider
+	// The provider's optional capabilities, nil when it lacks them.
+	fencer   Fencer
+	chains   ChainStore
+	state    StateStore
+	releaser InstanceReleaser
 	instance string
 	events   *dispatcher
 
@@ -173,7 +177,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		provider: cfg.Provider,
 		instance: newInstanceID(),
 	}
-	c.wit.pendingTx = map[string]DBTX{}
+	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
 	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
 	c.downCh = make(chan struct{})
@@ -181,10 +185,19 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.errDown = fmt.Errorf("%w: node %q", ErrShutdown, cfg.NodeID)
 	c.errDownFence = fmt.Errorf("%w: node %q, so its fencing token is stale (%w)", ErrShutdown, cfg.NodeID, ErrStaleFencingToken)
 	if c.provider == nil {
-		c.db = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
-		c.provider = c.db
-	} else if p, ok := c.provider.(*dbProvider); ok {
-		c.db = p
+		c.provider = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+	}
+	c.fencer, _ = c.provider.(Fencer)
+	c.chains, _ = c.provider.(ChainStore)
+	c.state, _ = c.provider.(StateStore)
+	c.releaser, _ = c.provider.(InstanceReleaser)
+	switch {
+	case c.chains == nil && len(cfg.Chains) > 0:
+		return nil, c.errNoCapability("Config.Chains", "ChainStore")
+	case c.chains == nil && cfg.WitnessFile != "":
+		return nil, c.errNoCapability("Config.WitnessFile", "ChainStore")
+	case c.state == nil && cfg.VaultKeyFingerprint != "":
+		return nil, c.errNoCapability("Config.VaultKeys", "StateStore")
 	}
 	if in, ok := c.provider.(Initializer); ok {
 		if err := in.Init(ctx); err != nil {
@@ -404,13 +417,17 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.mu.Unlock()
 
 	var err error
-	if t != nil || unsure {
+	if t != nil || (unsure && c.releaser != nil) {
 		l := Lease{Name: c.cfg.LeaseName, Holder: c.cfg.NodeID, Instance: c.instance}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
 		if t != nil {
 			l = t.lease
+			err = c.provider.Release(rctx, l)
+		} else {
+			// An acquisition whose answer was lost may have granted a term
+			// whose token we never learnt: release whatever we hold.
+			err = c.releaser.ReleaseInstance(rctx, l.Name, l.Holder, l.Instance)
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
-		err = c.provider.Release(rctx, l)
 		cancel()
 		if t != nil {
 			reason := ReasonShutdown

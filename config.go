@@ -172,8 +172,12 @@ type Config struct {
 	// error for a longer prefix gives it.
 	TablePrefix string
 
-	// Provider replaces the database row as the store of the lease. When
-	// set, DB, Dialect and TablePrefix are not used for the election.
+	// Provider replaces the default provider over DB as the store of the
+	// lease: a *DBProvider of another driver (clusterpgx.NewProvider), a
+	// wrapper that embeds one, or a store of your own. When set, DB, Dialect
+	// and TablePrefix are not used. Fence, Chains, WitnessFile and VaultKeys
+	// need the provider's optional capabilities (Fencer, ChainStore,
+	// StateStore); New refuses a Config that needs one the provider lacks.
 	Provider Provider
 
 	// OnTransition, when set, is registered as the first transition handler;
@@ -184,8 +188,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Chains lists the hash-chained tables whose tips [New], and every
-	// acquisition, check for rollback; see [Cluster.AdvanceTip]. Needs the
-	// default provider (Provider nil).
+	// acquisition, check for rollback; see [Cluster.AdvanceTip]. Needs a
+	// provider that implements [ChainStore], as the default ones do.
 	Chains []Chain
 
 	// WitnessFile, when set, is a local file in which this node records the
@@ -297,18 +301,17 @@ func (c Config) resolve() (Config, error) {
 			return c, configErrorf("DB is required when Provider is nil")
 		}
 		detected, driver := detectDialect(c.DB)
-		switch c.Dialect {
-		case "":
+		if c.Dialect == "" {
 			if detected == "" {
 				return c, configErrorf("Dialect is empty and driver %s is not one this package detects; set Dialect to %q, %q or %q", driver, Postgres, SQLite, MySQL)
 			}
 			c.Dialect = detected
-		case Postgres, SQLite, MySQL:
-			if detected != "" && detected != c.Dialect {
-				return c, configErrorf("Dialect (%q) does not match DB, whose driver %s speaks %q", c.Dialect, driver, detected)
-			}
-		default:
+		}
+		if _, ok := dialects[c.Dialect]; !ok {
 			return c, configErrorf("Dialect (%q) must be %q, %q or %q", c.Dialect, Postgres, SQLite, MySQL)
+		}
+		if detected != "" && detected != c.Dialect {
+			return c, configErrorf("Dialect (%q) does not match DB, whose driver %s speaks %q", c.Dialect, driver, detected)
 		}
 	}
 	chains, err := resolveChains(c.Chains)
@@ -318,17 +321,6 @@ func (c Config) resolve() (Config, error) {
 	c.Chains = chains
 	if err := c.resolveVaultKeys(); err != nil {
 		return c, err
-	}
-	if _, isDB := c.Provider.(*dbProvider); c.Provider != nil && !isDB {
-		for field, set := range map[string]bool{
-			"Chains":      len(c.Chains) > 0,
-			"WitnessFile": c.WitnessFile != "",
-			"VaultKeys":   len(c.VaultKeys) > 0 || c.VaultKeyFingerprint != "",
-		} {
-			if set {
-				return c, configErrorf("%s needs the lease in DB; it cannot be used with a custom Provider", field)
-			}
-		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -418,6 +410,18 @@ func checkEndpoint(raw string, allowHTTP bool) error {
 	return nil
 }
 
+// driverDialects names the dialect each known database/sql driver
+// package speaks.
+var driverDialects = map[string]Dialect{
+	"github.com/jackc/pgx/v5/stdlib":       Postgres,
+	"github.com/jackc/pgx/v4/stdlib":       Postgres,
+	"github.com/lib/pq":                    Postgres,
+	"modernc.org/sqlite":                   SQLite,
+	"github.com/mattn/go-sqlite3":          SQLite,
+	"github.com/ncruces/go-sqlite3/driver": SQLite,
+	"github.com/go-sql-driver/mysql":       MySQL,
+}
+
 // detectDialect names the dialect spoken by db's driver, or "" when the
 // driver is unknown, and returns the driver's package path for messages.
 func detectDialect(db *sql.DB) (Dialect, string) {
@@ -426,13 +430,8 @@ func detectDialect(db *sql.DB) (Dialect, string) {
 		t = t.Elem()
 	}
 	pkg := t.PkgPath()
-	switch pkg {
-	case "github.com/jackc/pgx/v5/stdlib", "github.com/jackc/pgx/v4/stdlib", "github.com/lib/pq":
-		return Postgres, pkg
-	case "modernc.org/sqlite", "github.com/mattn/go-sqlite3", "github.com/ncruces/go-sqlite3/driver":
-		return SQLite, pkg
-	case "github.com/go-sql-driver/mysql":
-		return MySQL, pkg
+	if d, ok := driverDialects[pkg]; ok {
+		return d, pkg
 	}
 	return "", fmt.Sprintf("%s.%s", pkg, t.Name())
 }

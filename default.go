@@ -63,7 +63,7 @@ type stdState struct {
 	nodeID string // reported by CurrentNodeID when c does not answer
 
 	errNotLeader error  // returned by RequireLeader
-	errFence     error  // returned by Fence, FenceToken and AdvanceTip
+	errFence     error  // returned by Fence and AdvanceTip
 	errLeader    error  // returned by CurrentLeader
 	reason       string // the discovery handler's "error"
 }
@@ -385,26 +385,25 @@ func DiscoveryHandler() http.Handler {
 	})
 }
 
-// Fence fences tx with the default instance; see [Cluster.Fence]. When
-// [Init] was never called the process is the only writer and Fence returns
-// nil without touching tx; while Init runs, after it failed and after
-// [Shutdown] it returns an error wrapping [ErrStaleFencingToken] (and
-// Init's error, after a failed Init).
-func Fence(ctx context.Context, tx DBTX) error {
-	_, err := FenceToken(ctx, tx)
-	return err
+// Fence fences tx with the default instance and returns the token it
+// verified; see [Cluster.Fence]. When [Init] was never called the process
+// is the only writer and Fence returns 0 and nil without touching tx;
+// while Init runs, after it failed and after [Shutdown] it returns an
+// error wrapping [ErrStaleFencingToken] (and Init's error, after a failed
+// Init).
+func Fence(ctx context.Context, tx DBTX) (uint64, error) {
+	return FenceWith(ctx, sqlQuerier{tx})
 }
 
-// FenceToken fences tx with the default instance and returns the token it
-// verified; see [Cluster.FenceToken] and [Fence]. When [Init] was never
-// called it returns 0 and nil.
-func FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
+// FenceWith is [Fence] for a transaction of any driver; see
+// [Cluster.FenceWith].
+func FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 	s := std.state.Load()
 	if s == nil {
 		return 0, nil
 	}
 	if c := s.member(); c != nil {
-		return c.FenceToken(ctx, tx)
+		return c.FenceWith(ctx, tx)
 	}
 	return 0, s.errFence
 }
@@ -414,12 +413,18 @@ func FenceToken(ctx context.Context, tx DBTX) (uint64, error) {
 // Init runs, after it failed and after [Shutdown] it returns the error
 // [Fence] would.
 func AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
+	return AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
+}
+
+// AdvanceTipWith is [AdvanceTip] for a transaction of any driver; see
+// [Cluster.AdvanceTipWith].
+func AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
 	s := std.state.Load()
 	if s == nil {
 		return fmt.Errorf("%w: chain %q: call Init with Config.Chains before AdvanceTip", ErrInvalidConfig, chain)
 	}
 	if c := s.member(); c != nil {
-		return c.AdvanceTip(ctx, tx, chain, counter, rowHash)
+		return c.AdvanceTipWith(ctx, tx, chain, counter, rowHash)
 	}
 	return s.errFence
 }

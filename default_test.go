@@ -71,8 +71,8 @@ func TestSingleNodeMode(t *testing.T) {
 	if self := body["self"].(map[string]any); self["isLeader"] != true || self["nodeId"] != cluster.SingleNodeID {
 		t.Fatalf("self = %v", self)
 	}
-	if token, err := cluster.FenceToken(context.Background(), nil); token != 0 || err != nil {
-		t.Fatalf("FenceToken in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
+	if token, err := cluster.Fence(context.Background(), nil); token != 0 || err != nil {
+		t.Fatalf("Fence in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
 	}
 	cluster.OnTransition(func(cluster.Event) { t.Error("a transition in single-node mode") })
 	if n := runtime.NumGoroutine(); n > goroutines {
@@ -102,7 +102,7 @@ func checkShutDown(t *testing.T) {
 	if err := cluster.RequireLeader(); !errors.Is(err, cluster.ErrNotLeader) || cluster.HTTPStatus(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "shut down") {
 		t.Fatalf("RequireLeader after Shutdown = %v", err)
 	}
-	if err := cluster.Fence(ctx, nil); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "shut down") {
+	if _, err := cluster.Fence(ctx, nil); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "shut down") {
 		t.Fatalf("Fence after Shutdown = %v", err)
 	}
 	if err := cluster.AdvanceTip(ctx, nil, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrStaleFencingToken) {
@@ -242,12 +242,11 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if cluster.HTTPStatus(err) != http.StatusServiceUnavailable {
 			t.Errorf("RequireLeader's status = %d, want 503", cluster.HTTPStatus(err))
 		}
-		token, err := cluster.FenceToken(ctx, db)
-		wraps("FenceToken", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
+		token, err := cluster.Fence(ctx, db)
+		wraps("Fence", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
 		if token != 0 {
-			t.Errorf("FenceToken = %d", token)
+			t.Errorf("Fence = %d", token)
 		}
-		wraps("Fence", cluster.Fence(ctx, db), cluster.ErrStaleFencingToken)
 		wraps("AdvanceTip", cluster.AdvanceTip(ctx, db, "audit", 1, []byte("h")), cluster.ErrStaleFencingToken)
 		l, err := cluster.CurrentLeader(ctx)
 		wraps("CurrentLeader", err)
@@ -278,8 +277,8 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if token, err := cluster.FenceToken(ctx, tx); err != nil || token != cluster.FencingToken() {
-			t.Fatalf("FenceToken after the retried Init = %d, %v", token, err)
+		if token, err := cluster.Fence(ctx, tx); err != nil || token != cluster.FencingToken() {
+			t.Fatalf("Fence after the retried Init = %d, %v", token, err)
 		}
 		tx.Rollback()
 		if code, _ := discover(t); code != http.StatusOK {

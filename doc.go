@@ -127,7 +127,7 @@
 // [Fence], ...) answer for one member per process, the default instance,
 // which is in one of four states:
 //
-//	state              IsLeader  FencingToken  RequireLeader      Fence, FenceToken          CurrentLeader     DiscoveryHandler          RunWhileLeader
+//	state              IsLeader  FencingToken  RequireLeader      Fence                      CurrentLeader     DiscoveryHandler          RunWhileLeader
 //	never initialized  true      0             nil                nil and token 0            this process (*)  200, this process leads   fn once, token 0 (**)
 //	running            as the methods of the member, a Cluster, answer
 //	failed(err)        false     0             ErrNotLeader, err  ErrStaleFencingToken, err  err               503, "initialization failed"  waits for an Init

@@ -191,7 +191,7 @@ func ExampleCluster_Fence() {
 			return err
 		}
 		defer tx.Rollback()
-		token, err := c.FenceToken(ctx, tx) // held until Commit or Rollback
+		token, err := c.Fence(ctx, tx) // held until Commit or Rollback
 		if err != nil {
 			return err
 		}

@@ -4,5 +4,6 @@ package cluster
 // sentinels, as the default provider does, for tests that trip the guard
 // triggers with raw SQL.
 func ClassifyDBError(d Dialect, err error) error {
-	return (&dbProvider{dialect: d}).wrap("raw SQL", err)
+	dl, _ := newDialect(d, DefaultTablePrefix)
+	return (&DBProvider{d: dl}).wrap("raw SQL", err)
 }

@@ -44,7 +44,7 @@ func TestFenceRefusesStaleLeader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.Fence(ctx, tx); err != nil {
+		if _, err := a.Fence(ctx, tx); err != nil {
 			t.Fatalf("Fence of the leader: %v", err)
 		}
 		tx.Rollback()
@@ -59,7 +59,7 @@ func TestFenceRefusesStaleLeader(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		err = a.Fence(ctx, tx)
+		_, err = a.Fence(ctx, tx)
 		if !errors.Is(err, cluster.ErrStaleFencingToken) || !errors.Is(err, cluster.ErrNotLeader) || cluster.HTTPStatus(err) != http.StatusServiceUnavailable {
 			t.Fatalf("Fence of the stale leader = %v, want ErrStaleFencingToken (and ErrNotLeader, 503)", err)
 		}
@@ -71,7 +71,7 @@ func TestFenceRefusesStaleLeader(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx2.Rollback()
-		if err := b.Fence(ctx, tx2); err != nil {
+		if _, err := b.Fence(ctx, tx2); err != nil {
 			t.Fatalf("Fence of the new leader: %v", err)
 		}
 	})
@@ -83,14 +83,14 @@ func TestFenceFollowerAndShutdown(t *testing.T) {
 		ctx := context.Background()
 		a := start(t, tg, "a")
 		f := start(t, tg, "f", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-		if err := f.Fence(ctx, f.db); !errors.Is(err, cluster.ErrStaleFencingToken) {
+		if _, err := f.Fence(ctx, f.db); !errors.Is(err, cluster.ErrStaleFencingToken) {
 			t.Fatalf("Fence of a follower = %v", err)
 		}
-		if err := a.Fence(ctx, a.db); err != nil {
+		if _, err := a.Fence(ctx, a.db); err != nil {
 			t.Fatalf("Fence outside a transaction: %v", err)
 		}
 		a.Shutdown(ctx)
-		if err := a.Fence(ctx, f.db); !errors.Is(err, cluster.ErrStaleFencingToken) {
+		if _, err := a.Fence(ctx, f.db); !errors.Is(err, cluster.ErrStaleFencingToken) {
 			t.Fatalf("Fence after Shutdown = %v", err)
 		}
 	})
@@ -99,7 +99,7 @@ func TestFenceFollowerAndShutdown(t *testing.T) {
 func TestFenceNeedsDatabaseProvider(t *testing.T) {
 	t.Parallel()
 	c := startFake(t, &fakeProvider{})
-	if err := c.Fence(context.Background(), (*sql.DB)(nil)); !errors.Is(err, cluster.ErrInvalidConfig) {
+	if _, err := c.Fence(context.Background(), (*sql.DB)(nil)); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("Fence with a custom provider = %v", err)
 	}
 }
@@ -135,7 +135,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 						time.Sleep(time.Millisecond)
 						continue
 					}
-					err := fencedWrite(context.Background(), n.db, n.FenceToken, tg.Dialect, tg.Prefix, n.NodeID())
+					err := fencedWrite(context.Background(), n.db, n.Fence, tg.Dialect, tg.Prefix, n.NodeID())
 					time.Sleep(time.Millisecond) // leave the lease row a chance
 					switch {
 					case err == nil:

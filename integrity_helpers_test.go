@@ -60,7 +60,7 @@ func appendAudit(t *testing.T, tg testdb.Target, n *node, table string, from, to
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := n.Fence(ctx, tx); err != nil {
+		if _, err := n.Fence(ctx, tx); err != nil {
 			tx.Rollback()
 			t.Fatalf("Fence: %v", err)
 		}

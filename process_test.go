@@ -117,7 +117,7 @@ func childMain() int {
 			}
 			writeMu.Lock()
 			if writing.Load() && c.IsLeader() {
-				if err := fencedWrite(ctx, db, c.FenceToken, dialect, prefix, id); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
+				if err := fencedWrite(ctx, db, c.Fence, dialect, prefix, id); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
 					say("write-error %v", err)
 				}
 			}

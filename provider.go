@@ -28,8 +28,8 @@ type Provider interface {
 
 	// Release expires the term described by l at once, keeping its fencing
 	// token, so another node can acquire the lease without waiting for it to
-	// expire. A FencingToken of 0 in l releases any term held by l's
-	// instance. Releasing a lease that is not held is not an error.
+	// expire. It must match the name, holder, instance and fencing token of
+	// l. Releasing a lease that is not held is not an error.
 	Release(ctx context.Context, l Lease) error
 
 	// Leader returns the holder of the unexpired lease named name, or nil
@@ -95,4 +95,109 @@ func (l Leader) MarshalJSON() ([]byte, error) {
 // once before the first Acquire.
 type Initializer interface {
 	Init(ctx context.Context) error
+}
+
+// InstanceReleaser is an optional capability of a [Provider]: it releases
+// whatever term an instance holds, whatever its token. A Cluster uses it
+// on Shutdown after an acquisition whose outcome it could not learn (the
+// reply was lost), so that a term it may hold is not left to expire.
+// Without it, such a term expires after its TTL.
+type InstanceReleaser interface {
+	ReleaseInstance(ctx context.Context, name, holder, instance string) error
+}
+
+// A Querier runs statements on a database handle of any driver: a
+// transaction, to fence it, or a connection. [Cluster.FenceWith] and
+// [Cluster.AdvanceTipWith] take one, so a driver other than database/sql
+// needs only an adapter of two methods (the clusterpgx package has the one
+// for pgx); [Cluster.Fence] adapts a database/sql handle itself.
+type Querier interface {
+	// Exec runs a statement that returns no rows and reports how many rows
+	// it changed.
+	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+	// QueryRow runs a statement that returns at most one row. Scanning a
+	// missing row returns an error that matches [ErrNoRows].
+	QueryRow(ctx context.Context, query string, args ...any) Row
+}
+
+// A Row is the result of [Querier.QueryRow]; *sql.Row and pgx.Row are
+// Rows.
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// Optional capabilities of a [Provider] whose lease lives in the database
+// the application writes to. [New] finds them by type assertion and
+// refuses a Config whose integrity features its provider cannot serve:
+// Chains and WitnessFile need a [ChainStore], VaultKeys a [StateStore].
+// The default providers implement all of them, so a wrapper that embeds
+// *[DBProvider] (to add metrics or tracing) keeps them.
+type (
+	// A Fencer checks, inside the caller's transaction tx, that l is the
+	// current unexpired term, and holds that fact until tx ends. It returns
+	// an error wrapping [ErrStaleFencingToken] when it is not. ttl bounds,
+	// on the server where the database can, how long tx may wait for the
+	// lease row and then sit idle.
+	Fencer interface {
+		Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error
+	}
+
+	// A ChainStore keeps the tips of hash-chained tables ([Config.Chains])
+	// under fencing tokens, and answers the rollback checks.
+	ChainStore interface {
+		// WriteTip records tip in tx; the database refuses it unless its
+		// token is the current unexpired term's of the lease it names, and
+		// its counter does not go back (or stay with another hash).
+		WriteTip(ctx context.Context, tx Querier, tip ChainTip) error
+		// ReadTip reads a chain's recorded tip, in tx when tx is not nil.
+		ReadTip(ctx context.Context, tx Querier, chain string) (tip ChainTip, ok bool, err error)
+		// HighWater reads the highest value the database ever recorded for
+		// scope: "lease/<name>" (a fencing token) or "chain/<name>" (a
+		// counter).
+		HighWater(ctx context.Context, scope string) (value uint64, ok bool, err error)
+		// ChainRows reads, from the chain's own table, its highest counter
+		// and the hash of the row at counter at.
+		ChainRows(ctx context.Context, ch Chain, at uint64) (ChainRows, error)
+		// LeaseToken reads the fencing token of the lease row, held or not:
+		// 0 when there is none.
+		LeaseToken(ctx context.Context, name string) (uint64, error)
+	}
+
+	// A StateStore keeps cluster-wide facts: the vault-key fingerprint.
+	StateStore interface {
+		ReadVaultState(ctx context.Context, scope string) (state VaultState, ok bool, err error)
+		// InsertVaultState records fingerprint for scope unless a record
+		// exists.
+		InsertVaultState(ctx context.Context, scope, fingerprint, node string) error
+		// RotateVaultState replaces fingerprint from with to, by compare
+		// and set, and increments the rotation epoch; it reports whether
+		// it did.
+		RotateVaultState(ctx context.Context, scope, from, to, node string) (bool, error)
+	}
+)
+
+// A ChainTip is the recorded tip of a chain.
+type ChainTip struct {
+	Chain        string
+	Lease        string // the lease whose term writes it
+	Counter      uint64
+	Hash         []byte
+	FencingToken uint64
+}
+
+// ChainRows is what a chain's own table holds, as [ChainStore.ChainRows]
+// reads it.
+type ChainRows struct {
+	Top    uint64 // the highest counter; valid when HasTop
+	HasTop bool   // false when the table has no rows
+	Hash   []byte // the hash of the row at the counter asked for
+	Found  bool   // false when no row has that counter
+}
+
+// VaultState is the recorded vault-key fingerprint of a cluster.
+type VaultState struct {
+	Fingerprint   string
+	RotationEpoch uint64
+	RecordedAt    time.Time // by the database clock
+	RecordedBy    string    // the node that recorded it
 }

@@ -24,7 +24,7 @@ func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) cluster.Provider {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.(cluster.Initializer).Init(context.Background()); err != nil {
+	if err := p.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -54,7 +54,7 @@ func TestSchemaConcurrentInit(t *testing.T) {
 			wg.Go(func() {
 				p, err := cluster.NewDBProvider(db, "", tg.Prefix)
 				if err == nil {
-					err = p.(cluster.Initializer).Init(context.Background())
+					err = p.Init(context.Background())
 				}
 				errs[i] = err
 			})

@@ -330,8 +330,13 @@ func TestChainConfigErrors(t *testing.T) {
 	if err := (cluster.Config{NodeID: "n", DB: db, Chains: []cluster.Chain{{Name: "a", Table: "audit.events"}}}).Validate(); err != nil {
 		t.Errorf("schema-qualified table: %v", err)
 	}
-	err := cluster.Config{NodeID: "n", Provider: &fakeProvider{}, Chains: []cluster.Chain{{Name: "a", Table: "audit"}}}.Validate()
-	if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "custom Provider") {
-		t.Errorf("chains with a custom provider: %v", err)
+	for name, cfg := range map[string]cluster.Config{
+		"chains":  {NodeID: "n", Provider: &fakeProvider{}, Chains: []cluster.Chain{{Name: "a", Table: "audit"}}},
+		"witness": {NodeID: "n", Provider: &fakeProvider{}, WitnessFile: filepath.Join(t.TempDir(), "w.json")},
+	} {
+		_, err := cluster.New(context.Background(), cfg)
+		if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "ChainStore") {
+			t.Errorf("%s with a provider that has no ChainStore: %v", name, err)
+		}
 	}
 }

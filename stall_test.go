@@ -44,7 +44,7 @@ func TestNewDoesNotQueueBehindFencedTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		if err := a.Fence(ctx, tx); err != nil {
+		if _, err := a.Fence(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 
@@ -101,7 +101,7 @@ func TestTakeoverAfterLeaderVanishesInFencedTransaction(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := a.Fence(ctx, tx); err != nil {
+			if _, err := a.Fence(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
 			proxy.Block() // a's host vanishes, its transaction open
@@ -135,7 +135,7 @@ func TestMySQLLeaseStatementsEndWithTheirAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := a.Fence(ctx, tx); err != nil {
+	if _, err := a.Fence(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2500 * time.Millisecond) // about 25 attempts per node

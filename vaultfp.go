@@ -3,10 +3,8 @@ package cluster
 import (
 	"context"
 	"crypto/subtle"
-	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -141,34 +139,36 @@ func isNilKey(k kem.PublicKey) bool {
 // once.
 func (c *Cluster) checkVaultKeys(ctx context.Context) error {
 	fp := c.cfg.VaultKeyFingerprint
-	if fp == "" || c.db == nil {
+	if fp == "" {
 		return nil
 	}
-	p, scope, node := c.db, c.cfg.LeaseName, c.cfg.NodeID
+	scope, node := c.cfg.LeaseName, c.cfg.NodeID
 	inserted := false
 	for attempt := 0; ; {
-		var stored, by string
-		var epoch, at int64
-		err := p.db.QueryRowContext(ctx, p.q["state_read"], scope).Scan(&stored, &epoch, &at, &by)
-		if errors.Is(err, sql.ErrNoRows) && !inserted {
+		st, ok, err := c.state.ReadVaultState(ctx, scope)
+		if err != nil {
+			return err
+		}
+		if !ok && !inserted {
 			// The first node records its fingerprint; reading first keeps a
 			// follower on a read-only replica from writing.
 			inserted = true
-			if _, err := p.db.ExecContext(ctx, p.q["state_insert"], scope, fp, node); err != nil {
-				return p.wrap("record vault key fingerprint", err)
+			if err := c.state.InsertVaultState(ctx, scope, fp, node); err != nil {
+				return err
 			}
 			continue
 		}
-		if err != nil {
-			return p.wrap("read vault key fingerprint", err)
+		if !ok {
+			return fmt.Errorf("cluster: the vault key fingerprint recorded for %q vanished while it was read", scope)
 		}
+		stored, by, epoch, at := st.Fingerprint, st.RecordedBy, st.RotationEpoch, st.RecordedAt
 		if subtle.ConstantTimeCompare([]byte(fp), []byte(stored)) == 1 {
 			c.log.DebugContext(ctx, "cluster: vault keys match the cluster", "vault_key_fp", prefix(fp, 16), "rotation_epoch", epoch)
 			return nil
 		}
 		drift := func(why string) error {
 			return fmt.Errorf("%w: node %q holds vault keys with fingerprint %s…, but node %q recorded %s… for the cluster at %s (rotation epoch %d); %s",
-				ErrVaultKeyDrift, node, prefix(fp, 16), by, prefix(stored, 16), time.UnixMilli(at).UTC().Format(time.RFC3339), epoch, why)
+				ErrVaultKeyDrift, node, prefix(fp, 16), by, prefix(stored, 16), at.UTC().Format(time.RFC3339), epoch, why)
 		}
 		switch {
 		case !c.cfg.AcceptVaultKeyRotation:
@@ -178,11 +178,11 @@ func (c *Cluster) checkVaultKeys(ctx context.Context) error {
 		case attempt > 0:
 			return drift("another node rotated the cluster to other keys at the same time")
 		}
-		res, err := p.db.ExecContext(ctx, p.q["state_rotate"], fp, node, scope, stored)
+		rotated, err := c.state.RotateVaultState(ctx, scope, stored, fp, node)
 		if err != nil {
-			return p.wrap("rotate vault key fingerprint", err)
+			return err
 		}
-		if n, err := res.RowsAffected(); err == nil && n == 1 {
+		if rotated {
 			reason := fmt.Sprintf("vault key fingerprint %s… replaced %s…, rotation epoch %d", prefix(fp, 16), prefix(stored, 16), epoch+1)
 			c.log.WarnContext(ctx, "cluster: vault keys rotated", "vault_key_fp", prefix(fp, 16), "previous_vault_key_fp", prefix(stored, 16), "rotation_epoch", epoch+1)
 			c.events.emit(Event{Kind: EventVaultKeyRotated, NodeID: c.cfg.NodeID, At: time.Now(), Detail: reason})

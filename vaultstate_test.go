@@ -174,7 +174,6 @@ func TestVaultKeyFingerprintConfig(t *testing.T) {
 		"bad expected":      {cluster.Config{VaultKeyFingerprint: fp, AcceptVaultKeyRotation: true, ExpectedVaultKeyFingerprint: "x"}, "ExpectedVaultKeyFingerprint"},
 		"expected alone":    {cluster.Config{VaultKeyFingerprint: fp, ExpectedVaultKeyFingerprint: fp}, "AcceptVaultKeyRotation is false"},
 		"accept no keys":    {cluster.Config{AcceptVaultKeyRotation: true}, "no VaultKeys"},
-		"custom provider":   {cluster.Config{VaultKeyFingerprint: fp, Provider: &fakeProvider{}}, "custom Provider"},
 	} {
 		cfg := tt.cfg
 		cfg.NodeID = "n"
@@ -185,6 +184,11 @@ func TestVaultKeyFingerprintConfig(t *testing.T) {
 		if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", name, err, tt.want)
 		}
+	}
+	// A provider without a StateStore cannot serve vault keys: New says so.
+	_, err := cluster.New(context.Background(), cluster.Config{NodeID: "n", VaultKeyFingerprint: fp, Provider: &fakeProvider{}})
+	if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "StateStore") {
+		t.Errorf("vault keys with a provider that has no StateStore: %v", err)
 	}
 	// A fingerprint of keys of another kind works like VaultKeys.
 	if err := (cluster.Config{NodeID: "n", DB: db, VaultKeyFingerprint: fp}).Validate(); err != nil {

@@ -1,18 +1,22 @@
 -- Queries of the default provider on MySQL and MariaDB. Each starts at a
--- "-- name:" line; the same name does the same thing in every dialect.
+-- "-- name:" line and is loaded into a field of the dialect's queries
+-- struct (dialect.go); a name missing here, or one no field takes, fails at
+-- load. A name does the same thing in every dialect and takes its
+-- arguments in the same order, given on its "-- args:" line (the order is
+-- MySQL's, whose placeholders cannot be numbered).
 -- MySQL has no UPDATE ... RETURNING: acquire and renew report through the
 -- affected-row count and LAST_INSERT_ID(expr). UTC_TIMESTAMP(6) is one
 -- instant per statement and does not depend on the session time zone.
 
 -- name: insert_row
--- ? name. Creates a free lease row if there is none.
+-- args: name. Creates a free lease row if there is none.
 INSERT INTO {{prefix}}lease
     (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
 VALUES (?, '', '', 0, 0, 0, 0, '')
 ON DUPLICATE KEY UPDATE name = name;
 
 -- name: acquire
--- holder, instance, ttl ms, endpoint, name.
+-- args: holder, instance, ttl ms, endpoint, name.
 -- Grants a new term if the lease is free or expired. One statement, so no
 -- lock outlives it even if the client vanishes. LAST_INSERT_ID(expr) keeps
 -- the new token in the session for last_insert_id to read (the OK packet's
@@ -28,7 +32,7 @@ SET holder        = ?,
 WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: renew
--- ttl ms, name, holder, instance, fencing token.
+-- args: ttl ms, name, holder, instance, token.
 -- renewed_at always grows, so a matched row always counts as changed;
 -- LAST_INSERT_ID(expr) keeps the new expiry for last_insert_id to read.
 UPDATE {{prefix}}lease
@@ -38,49 +42,71 @@ WHERE name = ? AND holder = ? AND instance = ? AND fencing_token = ?
   AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: last_insert_id
--- The value of the session's last LAST_INSERT_ID(expr).
+-- args: none. The value of the session's last LAST_INSERT_ID(expr).
 SELECT LAST_INSERT_ID();
 
 -- name: release
--- name, holder, instance, fencing token, fencing token (0: any term of the instance).
+-- args: name, holder, instance, token.
 UPDATE {{prefix}}lease
 SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
-WHERE name = ? AND holder = ? AND instance = ? AND (? = 0 OR fencing_token = ?)
+WHERE name = ? AND holder = ? AND instance = ? AND fencing_token = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: release_instance
+-- args: name, holder, instance. Releases whatever term the instance holds.
+UPDATE {{prefix}}lease
+SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+WHERE name = ? AND holder = ? AND instance = ?
   AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: leader
--- ? name.
+-- args: name. Returns holder, instance, token, expires, endpoint, now.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ?;
 
 -- name: fence
--- ? name, ? timeout ms (bound in Go by a statement prefix). LOCK IN SHARE
--- MODE holds the row until the caller's transaction ends, so no later term
--- can be granted before its writes commit.
+-- args: name, timeout ms (applied by the bound_* prefix and idle_timeout,
+-- not here). Returns what leader returns. LOCK IN SHARE MODE holds the row
+-- until the caller's transaction ends, so no later term can be granted
+-- before its writes commit.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
 
+-- name: lease_token
+-- args: name.
+SELECT fencing_token FROM {{prefix}}lease WHERE name = ?;
+
 -- name: tip_read
--- ? scope.
-SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = ?;
+-- args: scope. Returns counter, hash, token, lease name.
+SELECT at_counter, row_hash, fencing_token, lease_name FROM {{prefix}}chain_tips WHERE scope = ?;
 
 -- name: mark_read
--- ? scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+-- args: scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
 SELECT value FROM {{prefix}}high_water WHERE scope = ?;
 
+-- name: chain_top
+-- args: none. {{table}} and {{counter}} are a chain's validated names.
+SELECT MAX({{counter}}) FROM {{table}};
+
+-- name: chain_hash_at
+-- args: counter. {{table}}, {{counter}} and {{hash}} are validated names.
+SELECT {{hash}} FROM {{table}} WHERE {{counter}} = ?;
+
 -- name: version_read
+-- args: none.
 SELECT MAX(version) FROM {{prefix}}schema_version;
 
 -- name: version_write
--- ? version.
+-- args: version.
 INSERT IGNORE INTO {{prefix}}schema_version (version, applied_at)
 VALUES (?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000);
 
 -- name: tip_write
--- scope, lease name, counter, row hash, fencing token.
+-- args: scope, lease name, counter, hash, token.
 -- The guard triggers refuse a stale token or a counter moving backwards.
 INSERT INTO {{prefix}}chain_tips (scope, lease_name, at_counter, row_hash, fencing_token, updated_at)
 VALUES (?, ?, ?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
@@ -92,18 +118,62 @@ ON DUPLICATE KEY UPDATE
     updated_at    = VALUES(updated_at);
 
 -- name: state_insert
--- scope, vault key fingerprint, node.
+-- args: scope, fingerprint, node.
 INSERT INTO {{prefix}}state (scope, vault_key_fp, rotation_epoch, recorded_at, recorded_by_node)
 VALUES (?, ?, 0, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, ?)
 ON DUPLICATE KEY UPDATE scope = scope;
 
 -- name: state_read
--- ? scope.
+-- args: scope. Returns fingerprint, epoch, recorded at, recorded by.
 SELECT vault_key_fp, rotation_epoch, recorded_at, recorded_by_node FROM {{prefix}}state WHERE scope = ?;
 
 -- name: state_rotate
--- scope, new fingerprint, node, old fingerprint (compare-and-set).
+-- args: new fingerprint, node, scope, old fingerprint (compare-and-set).
 UPDATE {{prefix}}state
 SET vault_key_fp = ?, rotation_epoch = rotation_epoch + 1,
     recorded_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, recorded_by_node = ?
 WHERE scope = ? AND vault_key_fp = ?;
+
+-- name: server_version
+-- args: none.
+SELECT VERSION();
+
+-- name: temp_probe
+-- args: none. Succeeds when this role may create temporary tables.
+CREATE TEMPORARY TABLE {{prefix}}temp_probe (x INT);
+
+-- name: temp_drop
+-- args: none.
+DROP TEMPORARY TABLE IF EXISTS {{prefix}}temp_probe;
+
+-- name: schema_lock
+-- args: lock name. Waits up to 60s; returns 1 when taken. MySQL DDL
+-- commits implicitly, so a named lock serializes the nodes.
+SELECT GET_LOCK(?, 60);
+
+-- name: schema_unlock
+-- args: lock name.
+SELECT RELEASE_LOCK(?);
+
+-- name: lock_wait_save
+-- args: seconds. Bounds each DDL statement's wait for a metadata lock,
+-- keeping the connection's own value to put back.
+SET @sqlfence_lock_wait_timeout = @@SESSION.lock_wait_timeout, SESSION lock_wait_timeout = ?;
+
+-- name: lock_wait_restore
+-- args: none.
+SET SESSION lock_wait_timeout = @sqlfence_lock_wait_timeout;
+
+-- name: idle_timeout
+-- args: seconds. MariaDB: the server ends a transaction idle this long.
+SET SESSION idle_transaction_timeout = ?;
+
+-- name: bound_mariadb
+-- A lease statement with a server-side limit: {{seconds}} (fractional) for
+-- the whole statement, {{lock_wait}} whole seconds for its lock wait.
+SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wait}} FOR {{statement}};
+
+-- name: bound_mysql
+-- MySQL 8 takes the bounds as optimizer hints after the statement's first
+-- word ({{verb}}); MAX_EXECUTION_TIME applies to SELECT only.
+{{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};

@@ -1,19 +1,23 @@
 -- Queries of the default provider on PostgreSQL. Each starts at a
--- "-- name:" line; the same name does the same thing in every dialect.
+-- "-- name:" line and is loaded into a field of the dialect's queries
+-- struct (dialect.go); a name missing here, or one no field takes, fails at
+-- load. A name does the same thing in every dialect and takes its
+-- arguments in the same order, given on its "-- args:" line.
 -- The clock CTE reads clock_timestamp() once, so one statement sees one
 -- instant (now() would be the start of the transaction).
 
 -- name: acquire
--- $1 name, $2 holder, $3 instance, $4 ttl ms, $5 endpoint.
--- Grants a new term if the lease is free or expired, else reports the holder.
+-- args: holder, instance, ttl ms, endpoint, name.
+-- Grants a new term if the lease is free or expired, else reports the
+-- holder: granted, holder, instance, token, expires, endpoint, now.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ), granted AS (
     INSERT INTO {{prefix}}lease AS l
         (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
-    SELECT $1, $2, $3,
-           COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || $1), 0) + 1,
-           now_ms, now_ms, now_ms + $4::bigint, $5
+    SELECT $5, $1, $2,
+           COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || $5), 0) + 1,
+           now_ms, now_ms, now_ms + $3::bigint, $4
     FROM clock
     ON CONFLICT (name) DO UPDATE SET
         holder        = excluded.holder,
@@ -31,22 +35,33 @@ FROM granted g, clock c
 UNION ALL
 SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms
 FROM {{prefix}}lease l, clock c
-WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted);
+WHERE l.name = $5 AND NOT EXISTS (SELECT 1 FROM granted);
 
 -- name: renew
--- $1 name, $2 holder, $3 instance, $4 fencing token, $5 ttl ms.
+-- args: ttl ms, name, holder, instance, token. Returns the new expiry.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
 UPDATE {{prefix}}lease AS l
-SET renewed_at = c.now_ms, expires_at = c.now_ms + $5::bigint
+SET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint
 FROM clock c
-WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
+WHERE l.name = $2 AND l.holder = $3 AND l.instance = $4 AND l.fencing_token = $5
   AND l.expires_at > c.now_ms
 RETURNING l.expires_at;
 
 -- name: release
--- $1 name, $2 holder, $3 instance, $4 fencing token (0: any term of the instance).
+-- args: name, holder, instance, token.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE {{prefix}}lease AS l
+SET renewed_at = c.now_ms, expires_at = c.now_ms
+FROM clock c
+WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
+  AND l.expires_at > c.now_ms;
+
+-- name: release_instance
+-- args: name, holder, instance. Releases whatever term the instance holds.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
@@ -54,21 +69,25 @@ UPDATE {{prefix}}lease AS l
 SET renewed_at = c.now_ms, expires_at = c.now_ms
 FROM clock c
 WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
-  AND ($4::bigint = 0 OR l.fencing_token = $4::bigint)
   AND l.expires_at > c.now_ms;
 
 -- name: leader
--- $1 name.
+-- args: name. Returns holder, instance, token, expires, endpoint, now.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 FROM {{prefix}}lease WHERE name = $1;
 
+-- name: lease_token
+-- args: name.
+SELECT fencing_token FROM {{prefix}}lease WHERE name = $1;
+
 -- name: fence
--- $1 name, $2 timeout ms. FOR SHARE holds the row until the caller's
--- transaction ends, so no later term can be granted before its writes
--- commit. The set_config calls run before the row lock is taken and last
--- until the transaction ends: the wait for the lock, and any idle moment of
--- the transaction (its client vanished), are bounded by $2.
+-- args: name, timeout ms. Returns what leader returns. FOR SHARE holds the
+-- row until the caller's transaction ends, so no later term can be
+-- granted before its writes commit. The set_config calls run before the
+-- row lock is taken and last until the transaction ends: the wait for the
+-- lock, and any idle moment of the transaction (its client vanished), are
+-- bounded by the timeout.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 FROM {{prefix}}lease
@@ -78,24 +97,11 @@ WHERE name = $1
 FOR SHARE;
 
 -- name: tip_read
--- $1 scope.
-SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = $1;
-
--- name: mark_read
--- $1 scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
-SELECT value FROM {{prefix}}high_water WHERE scope = $1;
-
--- name: version_read
-SELECT MAX(version) FROM {{prefix}}schema_version;
-
--- name: version_write
--- $1 version.
-INSERT INTO {{prefix}}schema_version (version, applied_at)
-VALUES ($1, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-ON CONFLICT (version) DO NOTHING;
+-- args: scope. Returns counter, hash, token, lease name.
+SELECT at_counter, row_hash, fencing_token, lease_name FROM {{prefix}}chain_tips WHERE scope = $1;
 
 -- name: tip_write
--- $1 scope, $2 lease name, $3 counter, $4 row hash, $5 fencing token.
+-- args: scope, lease name, counter, hash, token.
 -- The guard trigger refuses a stale token or a counter moving backwards.
 INSERT INTO {{prefix}}chain_tips (scope, lease_name, at_counter, row_hash, fencing_token, updated_at)
 VALUES ($1, $2, $3, $4, $5, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
@@ -106,19 +112,51 @@ ON CONFLICT (scope) DO UPDATE SET
     fencing_token = excluded.fencing_token,
     updated_at    = excluded.updated_at;
 
+-- name: mark_read
+-- args: scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+SELECT value FROM {{prefix}}high_water WHERE scope = $1;
+
+-- name: chain_top
+-- args: none. {{table}} and {{counter}} are a chain's validated names.
+SELECT MAX({{counter}}) FROM {{table}};
+
+-- name: chain_hash_at
+-- args: counter. {{table}}, {{counter}} and {{hash}} are validated names.
+SELECT {{hash}} FROM {{table}} WHERE {{counter}} = $1;
+
+-- name: version_read
+-- args: none.
+SELECT MAX(version) FROM {{prefix}}schema_version;
+
+-- name: version_write
+-- args: version.
+INSERT INTO {{prefix}}schema_version (version, applied_at)
+VALUES ($1, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (version) DO NOTHING;
+
 -- name: state_insert
--- $1 scope, $2 vault key fingerprint, $3 node.
+-- args: scope, fingerprint, node.
 INSERT INTO {{prefix}}state (scope, vault_key_fp, rotation_epoch, recorded_at, recorded_by_node)
 VALUES ($1, $2, 0, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, $3)
 ON CONFLICT (scope) DO NOTHING;
 
 -- name: state_read
--- $1 scope.
+-- args: scope. Returns fingerprint, epoch, recorded at, recorded by.
 SELECT vault_key_fp, rotation_epoch, recorded_at, recorded_by_node FROM {{prefix}}state WHERE scope = $1;
 
 -- name: state_rotate
--- $1 new fingerprint, $2 node, $3 scope, $4 old fingerprint (compare-and-set).
+-- args: new fingerprint, node, scope, old fingerprint (compare-and-set).
 UPDATE {{prefix}}state
 SET vault_key_fp = $1, rotation_epoch = rotation_epoch + 1,
     recorded_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, recorded_by_node = $2
 WHERE scope = $3 AND vault_key_fp = $4;
+
+-- name: current_schema
+-- args: none. The schema the tables are created in.
+SELECT current_schema();
+
+-- name: schema_lock
+-- args: lock key, lock timeout ms. Run inside the schema transaction: the
+-- advisory lock ends with it, and lock_timeout keeps the DDL from queueing
+-- behind an open transaction on the cluster tables.
+SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text, true);

@@ -1,15 +1,18 @@
 -- Queries of the default provider on SQLite. Each starts at a "-- name:"
--- line; the same name does the same thing in every dialect. SQLite's 'now'
--- is one instant for the whole statement.
+-- line and is loaded into a field of the dialect's queries struct
+-- (dialect.go); a name missing here, or one no field takes, fails at load.
+-- A name does the same thing in every dialect and takes its arguments in
+-- the same order, given on its "-- args:" line. SQLite's 'now' is one
+-- instant for the whole statement.
 
 -- name: acquire
--- ?1 name, ?2 holder, ?3 instance, ?4 ttl ms, ?5 endpoint.
+-- args: holder, instance, ttl ms, endpoint, name.
 -- Grants a new term if the lease is free or expired; returns no row if not.
 INSERT INTO {{prefix}}lease
     (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
-SELECT ?1, ?2, ?3,
-       COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || ?1), 0) + 1,
-       now_ms, now_ms, now_ms + ?4, ?5
+SELECT ?5, ?1, ?2,
+       COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || ?5), 0) + 1,
+       now_ms, now_ms, now_ms + ?3, ?4
 FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) WHERE true
 ON CONFLICT (name) DO UPDATE SET
     holder        = excluded.holder,
@@ -23,56 +26,55 @@ WHERE expires_at <= excluded.acquired_at
 RETURNING true, holder, instance, fencing_token, expires_at, endpoint, acquired_at;
 
 -- name: renew
--- ?1 name, ?2 holder, ?3 instance, ?4 fencing token, ?5 ttl ms.
+-- args: ttl ms, name, holder, instance, token. Returns the new expiry.
 UPDATE {{prefix}}lease
 SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
-    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5
-WHERE name = ?1 AND holder = ?2 AND instance = ?3 AND fencing_token = ?4
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1
+WHERE name = ?2 AND holder = ?3 AND instance = ?4 AND fencing_token = ?5
   AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
 RETURNING expires_at;
 
 -- name: release
--- ?1 name, ?2 holder, ?3 instance, ?4 fencing token (0: any term of the instance).
+-- args: name, holder, instance, token.
+UPDATE {{prefix}}lease
+SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE name = ?1 AND holder = ?2 AND instance = ?3 AND fencing_token = ?4
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: release_instance
+-- args: name, holder, instance. Releases whatever term the instance holds.
 UPDATE {{prefix}}lease
 SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
 WHERE name = ?1 AND holder = ?2 AND instance = ?3
-  AND (?4 = 0 OR fencing_token = ?4)
   AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
 
 -- name: leader
--- ?1 name.
+-- args: name. Returns holder, instance, token, expires, endpoint, now.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        CAST(unixepoch('subsec') * 1000 AS INTEGER)
 FROM {{prefix}}lease WHERE name = ?1;
 
+-- name: lease_token
+-- args: name.
+SELECT fencing_token FROM {{prefix}}lease WHERE name = ?1;
+
 -- name: fence
--- ?1 name, ?2 timeout ms (unused: busy_timeout bounds SQLite's waits). SQLite
--- transactions are serializable: a later acquisition cannot commit between
--- this read and the caller's commit.
+-- args: name, timeout ms (unused: busy_timeout bounds SQLite's waits).
+-- Returns what leader returns. SQLite transactions are serializable: a
+-- later acquisition cannot commit between this read and the caller's
+-- commit.
 SELECT holder, instance, fencing_token, expires_at, endpoint,
        CAST(unixepoch('subsec') * 1000 AS INTEGER)
 FROM {{prefix}}lease WHERE name = ?1 AND ?2 IS NOT NULL;
 
 -- name: tip_read
--- ?1 scope.
-SELECT at_counter, row_hash, fencing_token FROM {{prefix}}chain_tips WHERE scope = ?1;
-
--- name: mark_read
--- ?1 scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
-SELECT value FROM {{prefix}}high_water WHERE scope = ?1;
-
--- name: version_read
-SELECT MAX(version) FROM {{prefix}}schema_version;
-
--- name: version_write
--- ?1 version.
-INSERT INTO {{prefix}}schema_version (version, applied_at)
-VALUES (?1, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-ON CONFLICT (version) DO NOTHING;
+-- args: scope. Returns counter, hash, token, lease name.
+SELECT at_counter, row_hash, fencing_token, lease_name FROM {{prefix}}chain_tips WHERE scope = ?1;
 
 -- name: tip_write
--- ?1 scope, ?2 lease name, ?3 counter, ?4 row hash, ?5 fencing token.
+-- args: scope, lease name, counter, hash, token.
 -- The guard triggers refuse a stale token or a counter moving backwards.
 INSERT INTO {{prefix}}chain_tips (scope, lease_name, at_counter, row_hash, fencing_token, updated_at)
 VALUES (?1, ?2, ?3, ?4, ?5, CAST(unixepoch('subsec') * 1000 AS INTEGER))
@@ -83,19 +85,49 @@ ON CONFLICT (scope) DO UPDATE SET
     fencing_token = excluded.fencing_token,
     updated_at    = excluded.updated_at;
 
+-- name: mark_read
+-- args: scope ('lease/<name>' or 'chain/<name>'). The high-water mark.
+SELECT value FROM {{prefix}}high_water WHERE scope = ?1;
+
+-- name: chain_top
+-- args: none. {{table}} and {{counter}} are a chain's validated names.
+SELECT MAX({{counter}}) FROM {{table}};
+
+-- name: chain_hash_at
+-- args: counter. {{table}}, {{counter}} and {{hash}} are validated names.
+SELECT {{hash}} FROM {{table}} WHERE {{counter}} = ?1;
+
+-- name: version_read
+-- args: none.
+SELECT MAX(version) FROM {{prefix}}schema_version;
+
+-- name: version_write
+-- args: version.
+INSERT INTO {{prefix}}schema_version (version, applied_at)
+VALUES (?1, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+ON CONFLICT (version) DO NOTHING;
+
 -- name: state_insert
--- ?1 scope, ?2 vault key fingerprint, ?3 node.
+-- args: scope, fingerprint, node.
 INSERT INTO {{prefix}}state (scope, vault_key_fp, rotation_epoch, recorded_at, recorded_by_node)
 VALUES (?1, ?2, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER), ?3)
 ON CONFLICT (scope) DO NOTHING;
 
 -- name: state_read
--- ?1 scope.
+-- args: scope. Returns fingerprint, epoch, recorded at, recorded by.
 SELECT vault_key_fp, rotation_epoch, recorded_at, recorded_by_node FROM {{prefix}}state WHERE scope = ?1;
 
 -- name: state_rotate
--- ?1 new fingerprint, ?2 node, ?3 scope, ?4 old fingerprint (compare-and-set).
+-- args: new fingerprint, node, scope, old fingerprint (compare-and-set).
 UPDATE {{prefix}}state
 SET vault_key_fp = ?1, rotation_epoch = rotation_epoch + 1,
     recorded_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), recorded_by_node = ?2
 WHERE scope = ?3 AND vault_key_fp = ?4;
+
+-- name: busy_timeout
+-- args: none. The connection's busy timeout, ms.
+PRAGMA busy_timeout;
+
+-- name: schema_lock
+-- args: none. Takes the write lock now; DDL is transactional.
+BEGIN IMMEDIATE;

@@ -158,7 +158,7 @@ func (n *node) appendAudit(ctx context.Context, event string) error {
 		return err
 	}
 	defer tx.Rollback()
-	token, err := n.FenceToken(ctx, tx)
+	token, err := n.Fence(ctx, tx)
 	if err != nil {
 		return err
 	}

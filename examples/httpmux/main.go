@@ -130,7 +130,7 @@ func (s *service) report(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback()
-	token, err := cluster.FenceToken(ctx, tx)
+	token, err := cluster.Fence(ctx, tx)
 	if err != nil {
 		return err
 	}
@@ -173,7 +173,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer tx.Rollback()
-	token, err := cluster.FenceToken(r.Context(), tx)
+	token, err := cluster.Fence(r.Context(), tx)
 	if err != nil {
 		if errors.Is(err, cluster.ErrNotLeader) {
 			http.Error(w, "this node lost the lease; retry", cluster.HTTPStatus(err))

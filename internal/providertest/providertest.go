@@ -160,15 +160,37 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		}
 	})
 
-	t.Run("ReleaseAnyTermOfInstance", func(t *testing.T) {
+	t.Run("ReleaseInstance", func(t *testing.T) {
 		p := newStore(t)()
+		r, ok := p.(cluster.InstanceReleaser)
+		if !ok {
+			t.Skip("the provider does not implement cluster.InstanceReleaser")
+		}
 		l := acquire(t, p, "a")
-		l.FencingToken = 0
-		if err := p.Release(ctx, l); err != nil {
+		if err := r.ReleaseInstance(ctx, "leader", "a", "other-instance"); err != nil {
+			t.Fatal(err)
+		}
+		if leader, _ := p.Leader(ctx, "leader"); leader == nil {
+			t.Fatal("ReleaseInstance of another instance released the lease")
+		}
+		if err := r.ReleaseInstance(ctx, "leader", l.Holder, l.Instance); err != nil {
 			t.Fatal(err)
 		}
 		if leader, _ := p.Leader(ctx, "leader"); leader != nil {
-			t.Fatalf("leader after releasing with token 0 = %+v", leader)
+			t.Fatalf("leader after ReleaseInstance = %+v", leader)
+		}
+	})
+
+	t.Run("ReleaseOlderTermIsNoop", func(t *testing.T) {
+		p := newStore(t)()
+		l := acquire(t, p, "a")
+		older := l
+		older.FencingToken--
+		if err := p.Release(ctx, older); err != nil {
+			t.Fatal(err)
+		}
+		if leader, _ := p.Leader(ctx, "leader"); leader == nil || leader.FencingToken != l.FencingToken {
+			t.Fatalf("releasing an older token of the same instance released the term: leader %+v", leader)
 		}
 	})
 

@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"regexp"
+)
+
+// A Chain names a hash-chained, append-only table (an audit log, a consent
+// log, a ledger) whose tip the cluster records and checks. Each row of the
+// table has a monotonic counter and a hash of the row.
+type Chain struct {
+	// Name identifies the chain in the <prefix>chain_tips table. Required;
+	// at most 128 bytes of printable UTF-8.
+	Name string
+	// Table is the chain's table, optionally qualified by its schema
+	// ("audit.events"). Each part must match ^[a-z_][a-z0-9_]{0,62}$.
+	Table string
+	// CounterColumn holds the row's monotonic counter, an integer.
+	// Default "monotonic_counter".
+	CounterColumn string
+	// HashColumn holds the row's hash, as bytes or text. Default "row_hash".
+	HashColumn string
+}
+
+var (
+	tablePattern  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$`)
+	columnPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+)
+
+const maxRowHashLen = 512
+
+// resolveChains returns a copy of chains with defaults applied, or the
+// first rule one breaks.
+func resolveChains(chains []Chain) ([]Chain, error) {
+	out := make([]Chain, len(chains))
+	seen := map[string]bool{}
+	for i, ch := range chains {
+		field := fmt.Sprintf("Chains[%d]", i)
+		if ch.Name == "" {
+			return nil, configErrorf("%s.Name is required", field)
+		}
+		if err := checkText(field+".Name", ch.Name, maxLeaseNameLen); err != nil {
+			return nil, err
+		}
+		if seen[ch.Name] {
+			return nil, configErrorf("%s.Name (%q) is used by another chain", field, ch.Name)
+		}
+		seen[ch.Name] = true
+		if !tablePattern.MatchString(ch.Table) {
+			return nil, configErrorf("%s.Table (%q) must match %s", field, ch.Table, tablePattern)
+		}
+		ch.CounterColumn = cmp.Or(ch.CounterColumn, "monotonic_counter")
+		ch.HashColumn = cmp.Or(ch.HashColumn, "row_hash")
+		if !columnPattern.MatchString(ch.CounterColumn) {
+			return nil, configErrorf("%s.CounterColumn (%q) must match %s", field, ch.CounterColumn, columnPattern)
+		}
+		if !columnPattern.MatchString(ch.HashColumn) {
+			return nil, configErrorf("%s.HashColumn (%q) must match %s", field, ch.HashColumn, columnPattern)
+		}
+		out[i] = ch
+	}
+	return out, nil
+}
+
+// AdvanceTip records, in the caller's transaction tx, that chain's tip is
+// now the row with counter and rowHash, under this node's fencing token.
+// Call it in the transaction that appends that row. The database itself
+// refuses the write, failing the transaction, if the token is not that of
+// the current unexpired lease (an error wrapping [ErrStaleFencingToken]),
+// if counter is below the recorded tip or the highest it ever reached
+// ([ErrTipBackwards]), or if counter is the tip's with another hash
+// ([ErrTipRewritten]); triggers on the tip table enforce this, so a raw
+// UPDATE cannot bypass them. Like [Cluster.Fence], it holds the lease row
+// until tx ends. With [Config.WitnessFile] it also records the tip in the
+// witness file (one more tip read and an fsync).
+func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
+	return c.AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
+}
+
+// AdvanceTipWith is [Cluster.AdvanceTip] for a transaction of any driver,
+// through a [Querier] (clusterpgx.AdvanceTip uses it for a pgx.Tx).
+func (c *Cluster) AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
+	if c.chains == nil {
+		return c.errNoCapability("AdvanceTip", "ChainStore")
+	}
+	if !c.hasChain(chain) {
+		return fmt.Errorf("%w: chain %q is not in Config.Chains", ErrInvalidConfig, chain)
+	}
+	if counter > math.MaxInt64 {
+		return fmt.Errorf("cluster: advance tip of chain %q: counter %d exceeds the largest BIGINT", chain, counter)
+	}
+	if len(rowHash) == 0 || len(rowHash) > maxRowHashLen {
+		return fmt.Errorf("cluster: advance tip of chain %q: row hash is %d bytes, want 1 to %d", chain, len(rowHash), maxRowHashLen)
+	}
+	t, err := c.heldTerm()
+	if err != nil {
+		return err
+	}
+	var before ChainTip
+	var had bool
+	if c.cfg.WitnessFile != "" {
+		// The tip this transaction sees before writing is committed (or
+		// this transaction's own): the witness may count on it.
+		if before, had, err = c.chains.ReadTip(ctx, tx, chain); err != nil {
+			return err
+		}
+	}
+	tip := ChainTip{Chain: chain, Lease: c.cfg.LeaseName, Counter: counter, Hash: rowHash, FencingToken: t.lease.FencingToken}
+	if err := c.chains.WriteTip(ctx, tx, tip); err != nil {
+		return err
+	}
+	if c.cfg.WitnessFile != "" {
+		if err := c.witnessTip(tx, before, had, tip); err != nil {
+			return fmt.Errorf("cluster: advance tip of chain %q to %d: %w; roll the transaction back", chain, counter, err)
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) hasChain(name string) bool {
+	for _, ch := range c.cfg.Chains {
+		if ch.Name == name {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,207 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// A dialect is everything the SQL provider does differently on one
+// database: its queries, how it binds and runs the lease statements, its
+// schema lock, the bounds it gives statements on the server, and how it
+// reads driver errors. There is one type per dialect (dialect_*.go), and
+// no other code asks which dialect it runs on.
+type dialect interface {
+	// name is the Dialect this type speaks.
+	name() Dialect
+	// queries are the statements every dialect defines.
+	queries() *queries
+	// prepare runs once per Init on conn: it reads what the dialect needs
+	// to know of the server and returns the values of the placeholders of
+	// the schema file other than {{prefix}}.
+	prepare(ctx context.Context, conn Querier, p *DBProvider) (vars map[string]string, err error)
+	// lockSchema serializes schema changes across nodes on conn; unlock
+	// ends the lock, committing when ok.
+	lockSchema(ctx context.Context, conn Querier, prefix string) (unlock func(ok bool) error, err error)
+	// ddlErrorOK reports a DDL error that means "already there".
+	ddlErrorOK(err error) bool
+	// acquire runs the acquisition on conn: whether it was granted, and
+	// the lease row after it.
+	acquire(ctx context.Context, conn Querier, req LeaseRequest) (granted bool, r row, err error)
+	// renew extends term l by ttl and returns the new expiry, unix ms, or
+	// an error matching sql.ErrNoRows when l no longer holds the lease.
+	renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (expires int64, err error)
+	// bound returns statement q with a server-side time limit, where the
+	// dialect needs one so that no statement outlives its caller.
+	bound(q string, limit time.Duration) string
+	// fence runs the fence query in tx and returns the lease row.
+	fence(ctx context.Context, tx Querier, name string, ttl time.Duration, limit time.Duration) (row, error)
+	// classify names the sentinel and the hint for a driver error, and
+	// the guard code (SFnnn) a trigger raised, if any.
+	classify(err error) (kind error, hint, guard string)
+	// transient reports an error worth retrying at once (SQLite's busy
+	// file while another node opens it).
+	transient(err error) bool
+}
+
+// queries are the statements of the default provider that every dialect
+// defines, loaded from schema/<dialect>_queries.sql. A field's tag names
+// its section; every query takes its arguments in the same order on every
+// dialect, the order its comment gives.
+type queries struct {
+	Acquire         string `sql:"acquire"`          // holder, instance, ttl ms, endpoint, name
+	Renew           string `sql:"renew"`            // ttl ms, name, holder, instance, token
+	Release         string `sql:"release"`          // name, holder, instance, token
+	ReleaseInstance string `sql:"release_instance"` // name, holder, instance
+	Leader          string `sql:"leader"`           // name
+	LeaseToken      string `sql:"lease_token"`      // name
+	Fence           string `sql:"fence"`            // name, timeout ms
+	TipRead         string `sql:"tip_read"`         // scope
+	TipWrite        string `sql:"tip_write"`        // scope, lease name, counter, hash, token
+	MarkRead        string `sql:"mark_read"`        // scope
+	ChainTop        string `sql:"chain_top"`        // (none; {{table}}, {{counter}})
+	ChainHashAt     string `sql:"chain_hash_at"`    // counter ({{table}}, {{counter}}, {{hash}})
+	VersionRead     string `sql:"version_read"`     // (none)
+	VersionWrite    string `sql:"version_write"`    // version
+	StateInsert     string `sql:"state_insert"`     // scope, fingerprint, node
+	StateRead       string `sql:"state_read"`       // scope
+	StateRotate     string `sql:"state_rotate"`     // new fingerprint, node, scope, old fingerprint
+}
+
+// loadQueries fills the string fields of the struct dst points to, and
+// of the structs it embeds, from the sections of src named by their sql
+// tags. A section missing from src, or one that no field takes, is a
+// defect of this build and panics at load, never later.
+func loadQueries(file, src string, dst any) {
+	sections := parseQueries(src)
+	used := map[string]bool{}
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		for i := range v.NumField() {
+			f, sf := v.Field(i), v.Type().Field(i)
+			if sf.Anonymous && f.Kind() == reflect.Struct {
+				fill(f)
+				continue
+			}
+			name, ok := sf.Tag.Lookup("sql")
+			if !ok {
+				continue
+			}
+			q, ok := sections[name]
+			if !ok || q == "" {
+				panic(fmt.Sprintf("cluster: schema/%s has no query %q", file, name))
+			}
+			f.SetString(q)
+			used[name] = true
+		}
+	}
+	fill(reflect.ValueOf(dst).Elem())
+	for name := range sections {
+		if !used[name] {
+			panic(fmt.Sprintf("cluster: schema/%s defines query %q, which nothing uses", file, name))
+		}
+	}
+}
+
+// parseQueries reads the "-- name: x" sections of a queries file.
+func parseQueries(src string) map[string]string {
+	q := map[string]string{}
+	name := ""
+	var cur strings.Builder
+	flush := func() {
+		if name != "" {
+			q[name] = strings.TrimSuffix(strings.TrimSpace(cur.String()), ";")
+		}
+		cur.Reset()
+	}
+	for line := range strings.Lines(src) {
+		trimmed := strings.TrimSpace(line)
+		if n, ok := strings.CutPrefix(trimmed, "-- name:"); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		if strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+	}
+	flush()
+	return q
+}
+
+// splitStatements splits a schema file into statements: each ends at a line
+// that starts in column 0 and ends with ";". Comment lines are dropped.
+func splitStatements(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.Lines(src) {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") || (trimmed == "" && cur.Len() == 0) {
+			continue
+		}
+		cur.WriteString(line)
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	return out
+}
+
+// schemaFile reads an embedded schema file with {{prefix}} substituted.
+// The prefix was validated against prefixPattern, so it is a plain
+// identifier.
+func schemaFile(name, prefix string) string {
+	b, err := schemaFS.ReadFile("schema/" + name)
+	if err != nil {
+		panic("cluster: missing embedded schema/" + name) // a build defect, not input
+	}
+	return strings.ReplaceAll(string(b), "{{prefix}}", prefix)
+}
+
+// dialects makes the dialect types, by name.
+var dialects = map[Dialect]func(prefix string) dialect{
+	Postgres: newPostgres,
+	MySQL:    newMySQL,
+	SQLite:   newSQLite,
+}
+
+// newDialect returns the dialect d for tables prefixed with prefix.
+func newDialect(d Dialect, prefix string) (dialect, error) {
+	mk, ok := dialects[d]
+	if !ok {
+		return nil, configErrorf("Dialect (%q) must be %q, %q or %q", d, Postgres, SQLite, MySQL)
+	}
+	return mk(prefix), nil
+}
+
+// chainQuery fills a chain query's identifiers; they were validated by
+// resolveChains.
+func chainQuery(q string, ch Chain) string {
+	return strings.NewReplacer("{{table}}", ch.Table, "{{counter}}", ch.CounterColumn, "{{hash}}", ch.HashColumn).Replace(q)
+}
+
+// row is the lease row as the queries return it.
+type row struct {
+	holder, instance, endpoint string
+	token, expiresAt, now      int64
+}
+
+func (r *row) scan(s Row) error {
+	return s.Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
+}
+
+func (r row) lease(name string) Lease {
+	return Lease{Name: name, Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint,
+		FencingToken: uint64(r.token), ExpiresAt: time.UnixMilli(r.expiresAt)}
+}
+
+func (r row) held() *LeaseHeldError {
+	return &LeaseHeldError{Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint, FencingToken: uint64(r.token),
+		ExpiresAt: time.UnixMilli(r.expiresAt), Remaining: time.Duration(r.expiresAt-r.now) * time.Millisecond}
+}
+
+func replaceAll(s, old, new string) string { return strings.ReplaceAll(s, old, new) }

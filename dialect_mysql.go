@@ -1,0 +1,216 @@
+package cluster
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// mySQL is the MySQL 8.0 and MariaDB 10.5+ dialect (go-sql-driver/mysql).
+// MySQL has no UPDATE ... RETURNING, so acquire and renew are an UPDATE
+// that leaves the token or expiry in LAST_INSERT_ID, read back on the same
+// connection. The driver abandons a cancelled statement by closing its
+// connection while the server keeps it waiting for the lease row's lock,
+// so every lease statement carries a server-side time limit (bound).
+type mySQL struct {
+	q struct {
+		queries
+		InsertRow       string `sql:"insert_row"`        // name
+		LastInsertID    string `sql:"last_insert_id"`    // (none)
+		ServerVersion   string `sql:"server_version"`    // (none)
+		TempProbe       string `sql:"temp_probe"`        // (none)
+		TempDrop        string `sql:"temp_drop"`         // (none)
+		SchemaLock      string `sql:"schema_lock"`       // lock name
+		SchemaUnlock    string `sql:"schema_unlock"`     // lock name
+		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
+		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
+		IdleTimeout     string `sql:"idle_timeout"`      // seconds
+		BoundMariaDB    string `sql:"bound_mariadb"`     // template
+		BoundMySQL      string `sql:"bound_mysql"`       // template
+	}
+	// mariadb is learnt by prepare: MariaDB bounds a whole statement and
+	// can end an idle transaction; MySQL 8 takes hints and cannot.
+	mariadb bool
+}
+
+func newMySQL(prefix string) dialect {
+	d := &mySQL{}
+	loadQueries("mysql_queries.sql", schemaFile("mysql_queries.sql", prefix), &d.q)
+	return d
+}
+
+func (d *mySQL) name() Dialect     { return MySQL }
+func (d *mySQL) queries() *queries { return &d.q.queries }
+
+// prepare tells MariaDB from MySQL, and warns when this role may create
+// temporary tables, which lets a session of it hide the lease table from
+// the chain-tip guard (see schema/mysql.sql).
+func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[string]string, error) {
+	var version string
+	if err := conn.QueryRow(ctx, d.q.ServerVersion).Scan(&version); err != nil {
+		return nil, p.wrap("read server version", err)
+	}
+	d.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
+	if _, err := conn.Exec(ctx, d.q.TempProbe); err == nil {
+		conn.Exec(context.WithoutCancel(ctx), d.q.TempDrop)
+		p.log.WarnContext(ctx, "cluster: this MySQL role holds CREATE TEMPORARY TABLES: a session of it can hide the lease table behind a temporary one "+
+			"and write chain tips under a made-up fencing token; revoke the privilege from the application's role (see the README, What the database enforces)",
+			"server_version", version)
+	}
+	return nil, nil
+}
+
+func (d *mySQL) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {
+	background := context.WithoutCancel(ctx)
+	name := "sqlfence_cluster_schema:" + prefix
+	var got sql.NullInt64
+	if err := conn.QueryRow(ctx, d.q.SchemaLock, name).Scan(&got); err != nil {
+		return nil, err
+	}
+	if got.Int64 != 1 {
+		return nil, fmt.Errorf("GET_LOCK(%q) timed out after 60s: another node holds it while creating the schema", name)
+	}
+	// Each DDL statement waits at most schemaLockTimeout for the tables'
+	// metadata lock; the connection's own value is put back after.
+	if _, err := conn.Exec(ctx, d.q.LockWaitSave, int64(schemaLockTimeout/time.Second)); err != nil {
+		conn.Exec(background, d.q.SchemaUnlock, name)
+		return nil, err
+	}
+	return func(bool) error {
+		_, err := conn.Exec(background, d.q.LockWaitRestore)
+		_, uerr := conn.Exec(background, d.q.SchemaUnlock, name)
+		return errors.Join(err, uerr)
+	}, nil
+}
+
+// ddlErrorOK keeps an existing trigger (error 1359): MySQL DDL is not
+// transactional, so triggers carry their version in their names and are
+// created before the older ones are dropped.
+func (d *mySQL) ddlErrorOK(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == 1359
+}
+
+// acquire grants a term with one UPDATE, then reads the row: for the
+// expiry of the term granted, or for who holds the lease.
+func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
+	var r row
+	limit := statementLimit(ctx)
+	for attempt := 0; ; attempt++ {
+		n, err := conn.Exec(ctx, d.bound(d.q.Acquire, limit), req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name)
+		if err != nil {
+			return false, r, err
+		}
+		var token int64
+		if n == 1 {
+			if err := conn.QueryRow(ctx, d.q.LastInsertID).Scan(&token); err != nil {
+				return false, r, err
+			}
+		}
+		err = r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
+		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
+			// No row yet: create a free one and try again.
+			if _, err := conn.Exec(ctx, d.bound(d.q.InsertRow, limit), req.Name); err != nil {
+				return false, r, err
+			}
+			continue
+		}
+		if err != nil {
+			return false, r, err
+		}
+		// The row still shows our term unless it already expired and was
+		// taken, in which case we report who took it.
+		return n == 1 && r.instance == req.Instance && r.token == token, r, nil
+	}
+}
+
+// renew extends the term with one UPDATE, then reads the new expiry that
+// the UPDATE left in LAST_INSERT_ID.
+func (d *mySQL) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {
+	n, err := conn.Exec(ctx, d.bound(d.q.Renew, statementLimit(ctx)), ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	if err != nil {
+		return 0, err
+	}
+	if n != 1 {
+		return 0, sql.ErrNoRows
+	}
+	var expires int64
+	err = conn.QueryRow(ctx, d.q.LastInsertID).Scan(&expires)
+	return expires, err
+}
+
+// bound prefixes q with a server-side limit: MariaDB bounds the whole
+// statement (SET STATEMENT max_statement_time), MySQL 8 takes the
+// lock-wait bound, in whole seconds, as an optimizer hint. The numbers are
+// formatted here from a duration, never taken from input.
+func (d *mySQL) bound(q string, limit time.Duration) string {
+	limit = max(limit.Round(time.Millisecond), time.Millisecond)
+	lockWait := strconv.FormatInt(max(int64((limit+time.Second-1)/time.Second), 1), 10)
+	if d.mariadb {
+		return strings.NewReplacer("{{seconds}}", strconv.FormatFloat(limit.Seconds(), 'f', 3, 64),
+			"{{lock_wait}}", lockWait, "{{statement}}", q).Replace(d.q.BoundMariaDB)
+	}
+	verb, rest, _ := strings.Cut(q, " ")
+	return strings.NewReplacer("{{verb}}", verb, "{{lock_wait}}", lockWait,
+		"{{ms}}", strconv.FormatInt(limit.Milliseconds(), 10), "{{rest}}", rest).Replace(d.q.BoundMySQL)
+}
+
+// fence bounds the lock wait by limit and, on MariaDB, how long the
+// transaction may then idle by ttl. MariaDB's idle_transaction_timeout is
+// a session variable: it stays set on the connection after the
+// transaction ends. MySQL 8 has no such variable.
+func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
+	var r row
+	if d.mariadb {
+		secs := int64((ttl + time.Second - 1) / time.Second)
+		if _, err := tx.Exec(ctx, d.q.IdleTimeout, secs); err != nil {
+			return r, err
+		}
+	}
+	err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+	return r, err
+}
+
+func (d *mySQL) classify(err error) (kind error, hint, guard string) {
+	var my *mysql.MySQLError
+	if !errors.As(err, &my) {
+		return nil, "", ""
+	}
+	if code := string(my.SQLState[:]); strings.HasPrefix(code, "SF") {
+		return nil, "", code
+	}
+	switch my.Number {
+	case 1290, 1792, 1836:
+		return ErrReadOnly, "the server or session is read-only (read_only, or a READ ONLY transaction); point DB at the primary", ""
+	case 1146, 1054:
+		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
+	case 1064:
+		return nil, "syntax error: is Dialect right for this database?", ""
+	case 1205, 1213:
+		return nil, "lock wait timeout or deadlock on the lease row; it is retried", ""
+	case 1969, 3024:
+		return nil, "the statement reached its time limit (a transaction holds the lease row)", ""
+	}
+	return nil, "", ""
+}
+
+func (d *mySQL) transient(error) bool { return false }
+
+// statementLimit is a little less than what ctx leaves of the attempt, so
+// the server gives up before the caller does.
+func statementLimit(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl) * 9 / 10
+	}
+	return defaultStatementLimit
+}
+
+// defaultStatementLimit bounds a lease statement whose context has no
+// deadline.
+const defaultStatementLimit = 10 * time.Second

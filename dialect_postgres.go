@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// postgres is the PostgreSQL dialect (12 or later), through pgx's
+// database/sql driver or pgx itself: single-statement lease operations
+// with RETURNING, expiry by clock_timestamp(), transactional DDL under an
+// advisory lock. pgx cancels a statement on the server when its context
+// ends, so lease statements need no other bound.
+type postgres struct {
+	q struct {
+		queries
+		CurrentSchema string `sql:"current_schema"` // (none)
+		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
+	}
+}
+
+func newPostgres(prefix string) dialect {
+	d := &postgres{}
+	loadQueries("postgres_queries.sql", schemaFile("postgres_queries.sql", prefix), &d.q)
+	return d
+}
+
+func (d *postgres) name() Dialect     { return Postgres }
+func (d *postgres) queries() *queries { return &d.q.queries }
+
+// prepare names the schema the tables live in: the guard functions name
+// their tables with it, so a temporary table cannot stand in for them.
+func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[string]string, error) {
+	var cur sql.NullString
+	if err := conn.QueryRow(ctx, d.q.CurrentSchema).Scan(&cur); err != nil {
+		return nil, p.wrap("read current schema", err)
+	}
+	if !cur.Valid {
+		return nil, fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
+	}
+	return map[string]string{"{{schema}}": `"` + strings.ReplaceAll(cur.String, `"`, `""`) + `"`}, nil
+}
+
+func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {
+	background := context.WithoutCancel(ctx)
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, d.q.SchemaLock, "sqlfence/cluster schema "+prefix,
+		strconv.FormatInt(schemaLockTimeout.Milliseconds(), 10)); err != nil {
+		conn.Exec(background, "ROLLBACK")
+		return nil, err
+	}
+	return func(ok bool) error { return endTx(background, conn, ok) }, nil
+}
+
+func (d *postgres) ddlErrorOK(error) bool { return false }
+
+func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
+	var r row
+	var granted bool
+	err := conn.QueryRow(ctx, d.q.Acquire, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name).
+		Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
+	if errors.Is(err, sql.ErrNoRows) {
+		// The row was created concurrently after our snapshot: read who
+		// holds it now.
+		return false, r, r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
+	}
+	return granted, r, err
+}
+
+func (d *postgres) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {
+	var expires int64
+	err := conn.QueryRow(ctx, d.q.Renew, ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken)).Scan(&expires)
+	return expires, err
+}
+
+func (d *postgres) bound(q string, _ time.Duration) string { return q }
+
+func (d *postgres) fence(ctx context.Context, tx Querier, name string, ttl, _ time.Duration) (row, error) {
+	var r row
+	err := r.scan(tx.QueryRow(ctx, d.q.Fence, name, strconv.FormatInt(ttl.Milliseconds(), 10)))
+	return r, err
+}
+
+func (d *postgres) classify(err error) (kind error, hint, guard string) {
+	var pg interface{ SQLState() string }
+	if !errors.As(err, &pg) {
+		return nil, "", ""
+	}
+	switch code := pg.SQLState(); {
+	case strings.HasPrefix(code, "SF"):
+		return nil, "", code
+	case code == "25006":
+		return ErrReadOnly, "the server is a read-only replica or in recovery; point DB at the primary", ""
+	case code == "42P01" || code == "42703":
+		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
+	case code == "42601":
+		return nil, "syntax error: is Dialect right for this database?", ""
+	case code == "55P03":
+		return nil, "lock_timeout: a transaction held the cluster tables for too long", ""
+	case code == "57014":
+		return nil, "the statement was cancelled or hit its time limit", ""
+	case strings.HasPrefix(code, "53"):
+		return nil, "the server is out of resources (connections, memory or disk)", ""
+	}
+	return nil, "", ""
+}
+
+func (d *postgres) transient(error) bool { return false }
+
+// endTx ends the transaction on conn, committing when ok.
+func endTx(ctx context.Context, conn Querier, ok bool) error {
+	if !ok {
+		_, err := conn.Exec(ctx, "ROLLBACK")
+		return err
+	}
+	_, err := conn.Exec(ctx, "COMMIT")
+	return err
+}
