@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // A Cluster is one node's membership in a cluster: it campaigns for the
@@ -74,7 +76,10 @@ type Cluster struct {
 	errNotLeader error // returned by RequireLeader while running
 	errDown      error // returned by every call after Shutdown
 	errDownFence error // errDown for Fence and AdvanceTip: also ErrStaleFencingToken
-	lookups      flight
+	lookups      singleflight.Group
+	lookupCtx    context.Context // ended by Shutdown
+	stopLookups  context.CancelFunc
+	lookupWork   workCount    // shared reads running
 	wit          witnessState // Config.WitnessFile in memory
 	// lookupFailing is set while discovery lookups fail, to log once.
 	lookupFailing atomic.Bool
@@ -179,6 +184,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	}
 	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
+	c.lookupCtx, c.stopLookups = context.WithCancel(context.Background())
 	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
 	c.downCh = make(chan struct{})
 	c.errNotLeader = fmt.Errorf("%w: node %q does not hold lease %q", ErrNotLeader, cfg.NodeID, cfg.LeaseName)
@@ -315,14 +321,26 @@ func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 	if c.down.Load() {
 		return nil, c.errDown
 	}
-	l, err := c.lookups.do(ctx, func(ctx context.Context) (*Leader, error) {
-		ctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	// The shared read runs on a context of its own, bounded by one
+	// heartbeat and ended by Shutdown (which waits for it), so that one
+	// caller giving up does not fail the others.
+	ch := c.lookups.DoChan("leader", func() (any, error) {
+		c.lookupWork.add()
+		defer c.lookupWork.done()
+		rctx, cancel := context.WithTimeout(c.lookupCtx, c.cfg.HeartbeatInterval)
 		defer cancel()
-		return c.provider.Leader(ctx, c.cfg.LeaseName)
+		return c.provider.Leader(rctx, c.cfg.LeaseName)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: read leader of lease %q: %w", c.cfg.LeaseName, err)
+	var res singleflight.Result
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("cluster: read leader of lease %q: %w", c.cfg.LeaseName, ctx.Err())
 	}
+	if res.Err != nil {
+		return nil, fmt.Errorf("cluster: read leader of lease %q: %w", c.cfg.LeaseName, res.Err)
+	}
+	l, _ := res.Val.(*Leader)
 	if l == nil {
 		return nil, nil
 	}
@@ -407,6 +425,8 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.mu.Unlock()
 	c.down.Store(true)
 	close(c.downCh)
+	c.stopLookups()
+	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
 	c.waitForWork(ctx, "Shutdown")
 
 	c.cancel()

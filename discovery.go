@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"sync"
 )
 
 // DiscoveryHandler returns an http.Handler that tells load balancers and
@@ -28,6 +27,24 @@ import (
 // wrap it in your own middleware.
 func (c *Cluster) DiscoveryHandler() http.Handler {
 	return http.HandlerFunc(c.serveDiscovery)
+}
+
+// MarshalJSON encodes l as the discovery handler does:
+// {"nodeId":…,"endpoint":…,"fencingToken":…,"leaseExpiresAt":…}, with the
+// expiry in unix milliseconds and null for an empty endpoint or a lease
+// that never expires.
+func (l Leader) MarshalJSON() ([]byte, error) {
+	v := struct {
+		NodeID         string  `json:"nodeId"`
+		Endpoint       *string `json:"endpoint"`
+		FencingToken   uint64  `json:"fencingToken"`
+		LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
+	}{NodeID: l.NodeID, Endpoint: optional(l.Endpoint), FencingToken: l.FencingToken}
+	if !l.LeaseExpiresAt.IsZero() {
+		ms := l.LeaseExpiresAt.UnixMilli()
+		v.LeaseExpiresAt = &ms
+	}
+	return json.Marshal(v)
 }
 
 type discoverySelf struct {
@@ -94,49 +111,6 @@ func optional(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// flight coalesces concurrent leader lookups into one database read. The
-// first caller runs the read on its own goroutine; callers arriving while it
-// runs wait for its result.
-type flight struct {
-	mu   sync.Mutex
-	call *flightCall
-}
-
-type flightCall struct {
-	done chan struct{}
-	l    *Leader
-	err  error
-}
-
-func (f *flight) do(ctx context.Context, fn func(context.Context) (*Leader, error)) (*Leader, error) {
-	for {
-		f.mu.Lock()
-		if c := f.call; c != nil {
-			f.mu.Unlock()
-			select {
-			case <-c.done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			// A read ended by its caller's cancellation says nothing to us.
-			if isContextErr(c.err) && ctx.Err() == nil {
-				continue
-			}
-			return c.l, c.err
-		}
-		c := &flightCall{done: make(chan struct{})}
-		f.call = c
-		f.mu.Unlock()
-
-		c.l, c.err = fn(ctx)
-		f.mu.Lock()
-		f.call = nil
-		f.mu.Unlock()
-		close(c.done)
-		return c.l, c.err
-	}
 }
 
 func isContextErr(err error) bool {

@@ -53,6 +53,7 @@ func TestGuardsRefuseTruncateReplaceAndRename(t *testing.T) {
 		lease, tips, marks := tg.Prefix+"lease", tg.Prefix+"chain_tips", tg.Prefix+"high_water"
 		token := a.FencingToken()
 
+		refusedWith(t, tg, db, "SF001", cluster.ErrStaleFencingToken, "UPDATE "+tips+" SET at_counter = 4, fencing_token = fencing_token + 5")
 		refusedWith(t, tg, db, "SF004", cluster.ErrLeaseDeleted, "UPDATE "+lease+" SET name = 'other'")
 		refusedWith(t, tg, db, "SF006", cluster.ErrTokenLowered, "UPDATE "+lease+" SET fencing_token = 0")
 		refusedWith(t, tg, db, "SF004", cluster.ErrLeaseDeleted, "DELETE FROM "+lease)

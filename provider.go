@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 )
 
@@ -70,24 +69,6 @@ type Leader struct {
 	// database clock. It is the zero Time in single-node mode, where the
 	// lease never expires.
 	LeaseExpiresAt time.Time
-}
-
-// MarshalJSON encodes l as the discovery handler does:
-// {"nodeId":…,"endpoint":…,"fencingToken":…,"leaseExpiresAt":…}, with the
-// expiry in unix milliseconds and null for an empty endpoint or a lease
-// that never expires.
-func (l Leader) MarshalJSON() ([]byte, error) {
-	v := struct {
-		NodeID         string  `json:"nodeId"`
-		Endpoint       *string `json:"endpoint"`
-		FencingToken   uint64  `json:"fencingToken"`
-		LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
-	}{NodeID: l.NodeID, Endpoint: optional(l.Endpoint), FencingToken: l.FencingToken}
-	if !l.LeaseExpiresAt.IsZero() {
-		ms := l.LeaseExpiresAt.UnixMilli()
-		v.LeaseExpiresAt = &ms
-	}
-	return json.Marshal(v)
 }
 
 // Initializer is an optional interface for a [Provider] that must prepare
