@@ -1,5 +1,6 @@
 // Package providertest is the conformance suite every [cluster.Provider]
-// must pass. The default database provider runs it on every dialect.
+// must pass. The default database provider runs it on every dialect; a
+// third-party Provider runs it from a test of its own package.
 package providertest
 
 import (
@@ -13,10 +14,9 @@ import (
 	"github.com/sqlfence/cluster"
 )
 
-// Run runs the suite. newProvider returns a provider over a fresh, empty
-// store each time it is called; calling it twice in one subtest must give
-// two providers over the same store (two nodes). ttl is the lease duration
-// used where the suite waits for expiry: keep it short.
+// Run runs the suite as subtests of t. Each call of newStore must prepare
+// a fresh, empty store and return a func that opens one more provider over
+// that same store each time it is called: one more node.
 func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 	ctx := context.Background()
 	const ttl = time.Second
