@@ -1,10 +1,75 @@
-// Package providertest is the conformance suite every [cluster.Provider]
-// must pass. The default database provider runs it on every dialect; a
-// third-party Provider runs it from a test of its own package.
+// Package providertest is the conformance suite for [cluster.Provider]
+// implementations. The default SQL provider runs it on every dialect; a
+// third-party Provider should run it too, from a test in the
+// implementation's own package, so that go test of that package checks it
+// against the Provider contract:
+//
+//	func TestConformance(t *testing.T) {
+//		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+//			store := newEmptyStore(t) // cleaned up with t.Cleanup
+//			return func() cluster.Provider { return openProvider(t, store) }
+//		})
+//	}
+//
+// # What the suite checks
+//
+// [Run] runs these subtests, each on a fresh store:
+//
+//   - AcquireFree: a free lease is granted with a nonzero token, the
+//     request's name, holder, instance and endpoint, and an expiry; Leader
+//     reports that term with the same expiry.
+//   - NoLeader: Leader of a lease never acquired returns nil and no error.
+//   - AcquireHeld: Acquire of a held lease, by another node or by the
+//     holder itself, returns a [*cluster.LeaseHeldError] matching
+//     [cluster.ErrLeaseHeld] that names the holder's node, instance,
+//     endpoint and token; its ExpiresAt is the term's and Leader's, and its
+//     Remaining is within (0, TTL].
+//   - Renew: Renew keeps the term (name, holder, instance, endpoint and
+//     token) and moves its expiry to the given ttl after the renewal, by
+//     the store's clock: renewed for twice the TTL, the lease has more than
+//     the TTL left, and Leader reports the new expiry.
+//   - RenewMustMatchTerm: Renew with another name, holder, instance or
+//     token returns [cluster.ErrLeaseLost]; the real term still renews.
+//   - ReleaseThenAcquire: Release ends the term at once: Leader returns
+//     nil, Renew returns ErrLeaseLost, and another node acquires without
+//     waiting, with a greater token and its own (here empty) endpoint.
+//   - ReleaseOldTerm: Release of an older term of an instance ends neither
+//     that instance's newer term nor another node's term granted since.
+//   - ReleaseAnyTermOfInstance: Release with token 0 ends the term of the
+//     given instance, and no other instance's.
+//   - ReleaseByOtherIsNoop: Release with another name, holder or instance
+//     than the term's returns nil and leaves the term held.
+//   - ReleaseNotHeld: Release of a lease never acquired, or already
+//     released, returns nil.
+//   - TokensIncrease: 20 acquisitions by two nodes in turn, each released
+//     before the next, get strictly increasing tokens, so none is reused.
+//   - Expiry: once its TTL has passed, a term is expired: Leader returns
+//     nil, Renew and a second Renew return ErrLeaseLost, Release returns
+//     nil; another node then acquires with a greater token, and the old
+//     term can neither renew nor release it.
+//   - IndependentNames: leases of different names are held, reported and
+//     released independently.
+//   - ConcurrentAcquire: 8 providers over one store calling Acquire at once
+//     grant exactly one term; the others get ErrLeaseHeld. Three rounds,
+//     the term released in between, with increasing tokens.
+//   - ConcurrentAcquireReportsWinner: as ConcurrentAcquire, and each
+//     LeaseHeldError names the term granted in that round, with Remaining
+//     within (0, TTL], as in AcquireHeld: not the term released before it,
+//     nor an empty one.
+//
+// # Time
+//
+// Every subtest but Expiry acquires with a TTL of one minute, so that no
+// lease expires while the subtest runs, and ends terms with Release.
+// Expiry acquires with a TTL of one second and waits once for it to pass:
+// about one second, measured with the Remaining the store reports. The
+// suite makes 15 fresh stores and about 160 calls to them, one at a time
+// except in the Concurrent subtests: about two seconds in all against a
+// local database, most of it Expiry's wait. Run does not call t.Parallel;
+// the caller may.
 package providertest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,252 +79,410 @@ import (
 	"github.com/sqlfence/cluster"
 )
 
-// Run runs the suite as subtests of t. Each call of newStore must prepare
-// a fresh, empty store and return a func that opens one more provider over
-// that same store each time it is called: one more node.
+// The TTLs the suite acquires with; see the package doc.
+const (
+	ttl      = time.Minute // long enough that nothing expires unless released
+	shortTTL = time.Second // Expiry waits for this one
+	// expiryMargin is added to the Remaining the store reports before the
+	// suite treats the lease as expired: for the store's rounding, and for
+	// its clock running a little slower than this process's.
+	expiryMargin = 50 * time.Millisecond
+)
+
+// Run runs the conformance suite as subtests of t. Call it from a test in
+// the implementation's own package.
+//
+// newStore is called once at the start of each subtest, with the
+// subtest's t. Each call must prepare a fresh, empty store (no lease of
+// any name ever granted in it) and return a func that opens a provider
+// over that store. Each call of the returned func must give one more
+// provider over the same store, as one more node would have: what one
+// grants, the others see. Returning the same provider value each time is
+// fine when it is safe for concurrent use, as the Provider contract
+// requires. Use t.Cleanup in newStore to close what it opens.
+//
+// To skip a subtest, for a defect known and being fixed, call t.Skip in
+// newStore when t.Name() ends in its name: the subtest has not touched
+// the store yet. Say in the reason what is wrong.
 func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
-	ctx := context.Background()
-	const ttl = time.Second
-
-	req := func(holder string) cluster.LeaseRequest {
-		return cluster.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
-	}
-	acquire := func(t *testing.T, p cluster.Provider, holder string) cluster.Lease {
-		t.Helper()
-		l, err := p.Acquire(ctx, req(holder))
-		if err != nil {
-			t.Fatalf("Acquire(%s): %v", holder, err)
-		}
-		return l
-	}
-	mustHeld := func(t *testing.T, err error, holder string, token uint64) *cluster.LeaseHeldError {
-		t.Helper()
-		var held *cluster.LeaseHeldError
-		if !errors.As(err, &held) || !errors.Is(err, cluster.ErrLeaseHeld) {
-			t.Fatalf("got %v, want a *LeaseHeldError matching ErrLeaseHeld", err)
-		}
-		if held.Holder != holder || held.FencingToken != token {
-			t.Fatalf("held by %q with token %d, want %q with %d", held.Holder, held.FencingToken, holder, token)
-		}
-		if held.Remaining <= 0 || held.Remaining > ttl {
-			t.Fatalf("Remaining = %v, want in (0, %v]", held.Remaining, ttl)
-		}
-		return held
-	}
-
 	t.Run("AcquireFree", func(t *testing.T) {
 		p := newStore(t)()
-		l := acquire(t, p, "a")
-		if l.FencingToken == 0 || l.Holder != "a" || l.Instance != "a-instance" || l.Name != "leader" || l.Endpoint != "https://a" {
-			t.Fatalf("lease = %+v", l)
+		l := acquire(t, p, req("a", ttl))
+		if l.Name != "leader" || l.Holder != "a" || l.Instance != "a-instance" || l.Endpoint != "https://a" || l.FencingToken == 0 || l.ExpiresAt.IsZero() {
+			t.Fatalf("lease = %+v, want name leader, holder a, instance a-instance, endpoint https://a, a nonzero token and an expiry", l)
 		}
-		leader, err := p.Leader(ctx, "leader")
-		if err != nil || leader == nil {
-			t.Fatalf("Leader = %v, %v", leader, err)
-		}
-		if leader.NodeID != "a" || leader.FencingToken != l.FencingToken || leader.Endpoint != "https://a" {
-			t.Fatalf("Leader = %+v, want holder a with token %d", leader, l.FencingToken)
-		}
-		if !leader.LeaseExpiresAt.Equal(l.ExpiresAt) {
-			t.Fatalf("Leader expires %v, lease expires %v", leader.LeaseExpiresAt, l.ExpiresAt)
-		}
-	})
-
-	t.Run("AcquireHeld", func(t *testing.T) {
-		open := newStore(t)
-		a, b := open(), open()
-		l := acquire(t, a, "a")
-		_, err := b.Acquire(ctx, req("b"))
-		held := mustHeld(t, err, "a", l.FencingToken)
-		if held.Instance != "a-instance" || held.Endpoint != "https://a" {
-			t.Fatalf("held.Instance = %q, held.Endpoint = %q, want a-instance and https://a", held.Instance, held.Endpoint)
-		}
-		// The same node asking again does not get a second term either.
-		_, err = a.Acquire(ctx, req("a"))
-		mustHeld(t, err, "a", l.FencingToken)
+		mustLead(t, p, l)
 	})
 
 	t.Run("NoLeader", func(t *testing.T) {
 		p := newStore(t)()
-		leader, err := p.Leader(ctx, "leader")
-		if err != nil || leader != nil {
-			t.Fatalf("Leader on an empty store = %v, %v; want nil, nil", leader, err)
-		}
+		mustBeFree(t, p, "leader")
+	})
+
+	t.Run("AcquireHeld", func(t *testing.T) {
+		ctx := t.Context()
+		open := newStore(t)
+		a, b := open(), open()
+		l := acquire(t, a, req("a", ttl))
+		_, err := b.Acquire(ctx, req("b", ttl))
+		mustBeHeld(t, err, l, ttl)
+		// The holder asking again gets no second term either: a Cluster
+		// reads its own instance in the error as a lost answer to an
+		// acquisition that succeeded.
+		_, err = a.Acquire(ctx, req("a", ttl))
+		mustBeHeld(t, err, l, ttl)
+		mustLead(t, b, l)
 	})
 
 	t.Run("Renew", func(t *testing.T) {
-		p := newStore(t)()
-		l := acquire(t, p, "a")
-		time.Sleep(20 * time.Millisecond)
-		r, err := p.Renew(ctx, l, ttl)
+		ctx := t.Context()
+		open := newStore(t)
+		a, b := open(), open()
+		l := acquire(t, a, req("a", ttl))
+		// Renewing for twice the TTL shows, without waiting, that the new
+		// expiry is counted from the renewal by ttl: the remaining time
+		// exceeds what the first term could have had.
+		r, err := a.Renew(ctx, l, 2*ttl)
 		if err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
-		if !r.ExpiresAt.After(l.ExpiresAt) || r.FencingToken != l.FencingToken {
-			t.Fatalf("renewed lease %+v does not extend %+v with the same token", r, l)
+		if r.Name != l.Name || r.Holder != l.Holder || r.Instance != l.Instance || r.Endpoint != l.Endpoint || r.FencingToken != l.FencingToken {
+			t.Fatalf("renewed lease %+v is not the term %+v", r, l)
 		}
+		if !r.ExpiresAt.After(l.ExpiresAt) {
+			t.Fatalf("Renew for %v moved the expiry from %v to %v", 2*ttl, l.ExpiresAt, r.ExpiresAt)
+		}
+		_, err = b.Acquire(ctx, req("b", ttl))
+		if held := mustBeHeld(t, err, r, 2*ttl); held.Remaining <= ttl {
+			t.Fatalf("after Renew for %v, Remaining = %v; want more than the %v the term was acquired for", 2*ttl, held.Remaining, ttl)
+		}
+		mustLead(t, b, r)
 	})
 
 	t.Run("RenewMustMatchTerm", func(t *testing.T) {
+		ctx := t.Context()
 		p := newStore(t)()
-		l := acquire(t, p, "a")
-		for name, bad := range map[string]func(*cluster.Lease){
-			"holder":   func(l *cluster.Lease) { l.Holder = "b" },
-			"instance": func(l *cluster.Lease) { l.Instance = "other" },
-			"token":    func(l *cluster.Lease) { l.FencingToken++ },
-			"name":     func(l *cluster.Lease) { l.Name = "other" },
+		l := acquire(t, p, req("a", ttl))
+		for _, c := range []struct {
+			field string
+			edit  func(*cluster.Lease)
+		}{
+			{"name", func(l *cluster.Lease) { l.Name = "other" }},
+			{"holder", func(l *cluster.Lease) { l.Holder = "b" }},
+			{"instance", func(l *cluster.Lease) { l.Instance = "a-other-instance" }},
+			{"token", func(l *cluster.Lease) { l.FencingToken++ }},
+			{"older token", func(l *cluster.Lease) { l.FencingToken-- }},
 		} {
 			wrong := l
-			bad(&wrong)
-			if _, err := p.Renew(ctx, wrong, ttl); !errors.Is(err, cluster.ErrLeaseLost) {
-				t.Errorf("Renew with another %s = %v, want ErrLeaseLost", name, err)
+			c.edit(&wrong)
+			if _, err := p.Renew(ctx, wrong, 2*ttl); !errors.Is(err, cluster.ErrLeaseLost) {
+				t.Errorf("Renew with another %s = %v, want ErrLeaseLost", c.field, err)
 			}
 		}
+		mustLead(t, p, l) // unchanged, expiry included
 		if _, err := p.Renew(ctx, l, ttl); err != nil {
-			t.Fatalf("Renew of the real term after failed impostors: %v", err)
+			t.Fatalf("Renew of the real term after the failed ones: %v", err)
 		}
 	})
 
 	t.Run("ReleaseThenAcquire", func(t *testing.T) {
+		ctx := t.Context()
 		open := newStore(t)
 		a, b := open(), open()
-		l := acquire(t, a, "a")
+		l := acquire(t, a, req("a", ttl))
 		if err := a.Release(ctx, l); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		if leader, err := a.Leader(ctx, "leader"); err != nil || leader != nil {
-			t.Fatalf("Leader after release = %v, %v; want nil", leader, err)
-		}
+		mustBeFree(t, a, "leader")
 		if _, err := a.Renew(ctx, l, ttl); !errors.Is(err, cluster.ErrLeaseLost) {
-			t.Fatalf("Renew after release = %v, want ErrLeaseLost", err)
+			t.Fatalf("Renew after Release = %v, want ErrLeaseLost", err)
 		}
-		lb := acquire(t, b, "b")
+		mustBeFree(t, b, "leader") // the failed renew did not bring it back
+		rb := req("b", ttl)
+		rb.Endpoint = ""
+		lb := acquire(t, b, rb)
 		if lb.FencingToken <= l.FencingToken {
-			t.Fatalf("token after release = %d, want more than %d", lb.FencingToken, l.FencingToken)
+			t.Fatalf("token after Release = %d, want more than the released term's %d", lb.FencingToken, l.FencingToken)
 		}
-		if err := a.Release(ctx, l); err != nil {
-			t.Fatalf("Release of an old term: %v", err)
+		if lb.Endpoint != "" {
+			t.Fatalf("lease of a node without an endpoint has endpoint %q, left from the released term?", lb.Endpoint)
 		}
-		if leader, _ := a.Leader(ctx, "leader"); leader == nil || leader.NodeID != "b" {
-			t.Fatalf("an old term's release ended the new term: leader = %+v", leader)
-		}
+		mustLead(t, a, lb)
 	})
 
-	t.Run("ReacquireIncrementsToken", func(t *testing.T) {
-		p := newStore(t)()
-		var last uint64
-		for i := range 3 {
-			l := acquire(t, p, "a")
-			if l.FencingToken <= last {
-				t.Fatalf("acquisition %d: token %d, want more than %d", i, l.FencingToken, last)
-			}
-			last = l.FencingToken
-			if err := p.Release(ctx, l); err != nil {
-				t.Fatal(err)
-			}
+	t.Run("ReleaseOldTerm", func(t *testing.T) {
+		ctx := t.Context()
+		open := newStore(t)
+		a, b := open(), open()
+		first := acquire(t, a, req("a", ttl))
+		release(t, a, first)
+		second := acquire(t, a, req("a", ttl)) // same holder, same instance
+		if err := a.Release(ctx, first); err != nil {
+			t.Fatalf("Release of an older term: %v", err)
 		}
+		mustLead(t, b, second)
+		release(t, a, second)
+
+		third := acquire(t, b, req("b", ttl))
+		if err := a.Release(ctx, second); err != nil {
+			t.Fatalf("Release of an older term after another node acquired: %v", err)
+		}
+		mustLead(t, a, third)
 	})
 
 	t.Run("ReleaseAnyTermOfInstance", func(t *testing.T) {
+		ctx := t.Context()
 		p := newStore(t)()
-		l := acquire(t, p, "a")
-		l.FencingToken = 0
-		if err := p.Release(ctx, l); err != nil {
-			t.Fatal(err)
+		l := acquire(t, p, req("a", ttl))
+		other := l
+		other.Instance = "a-other-instance"
+		other.FencingToken = 0
+		if err := p.Release(ctx, other); err != nil {
+			t.Fatalf("Release with token 0 of another instance: %v", err)
 		}
-		if leader, _ := p.Leader(ctx, "leader"); leader != nil {
-			t.Fatalf("leader after releasing with token 0 = %+v", leader)
+		mustLead(t, p, l)
+		anyTerm := l
+		anyTerm.FencingToken = 0
+		if err := p.Release(ctx, anyTerm); err != nil {
+			t.Fatalf("Release with token 0: %v", err)
 		}
+		mustBeFree(t, p, "leader")
 	})
 
 	t.Run("ReleaseByOtherIsNoop", func(t *testing.T) {
+		ctx := t.Context()
 		p := newStore(t)()
-		l := acquire(t, p, "a")
-		other := l
-		other.Instance = "intruder"
-		if err := p.Release(ctx, other); err != nil {
-			t.Fatal(err)
+		l := acquire(t, p, req("a", ttl))
+		for _, c := range []struct {
+			field string
+			edit  func(*cluster.Lease)
+		}{
+			{"name", func(l *cluster.Lease) { l.Name = "other" }},
+			{"holder", func(l *cluster.Lease) { l.Holder = "b" }},
+			{"instance", func(l *cluster.Lease) { l.Instance = "a-other-instance" }},
+		} {
+			wrong := l
+			c.edit(&wrong)
+			if err := p.Release(ctx, wrong); err != nil {
+				t.Errorf("Release with another %s = %v, want nil", c.field, err)
+			}
 		}
-		if leader, _ := p.Leader(ctx, "leader"); leader == nil || leader.FencingToken != l.FencingToken {
-			t.Fatalf("another instance released our term: leader = %+v", leader)
+		mustLead(t, p, l)
+	})
+
+	t.Run("ReleaseNotHeld", func(t *testing.T) {
+		ctx := t.Context()
+		p := newStore(t)()
+		never := cluster.Lease{Name: "leader", Holder: "a", Instance: "a-instance", FencingToken: 1}
+		if err := p.Release(ctx, never); err != nil {
+			t.Fatalf("Release of a lease never acquired: %v", err)
+		}
+		never.FencingToken = 0
+		if err := p.Release(ctx, never); err != nil {
+			t.Fatalf("Release with token 0 of a lease never acquired: %v", err)
+		}
+		mustBeFree(t, p, "leader")
+		l := acquire(t, p, req("a", ttl))
+		release(t, p, l)
+		if err := p.Release(ctx, l); err != nil {
+			t.Fatalf("second Release of a term: %v", err)
+		}
+	})
+
+	t.Run("TokensIncrease", func(t *testing.T) {
+		open := newStore(t)
+		nodes := []cluster.Provider{open(), open()}
+		var last uint64
+		for i := range 20 {
+			p := nodes[i%2]
+			l := acquire(t, p, req(fmt.Sprintf("n%d", i%2), ttl))
+			if l.FencingToken <= last {
+				t.Fatalf("acquisition %d: token %d, want more than the previous %d", i+1, l.FencingToken, last)
+			}
+			last = l.FencingToken
+			release(t, p, l)
 		}
 	})
 
 	t.Run("Expiry", func(t *testing.T) {
+		ctx := t.Context()
 		open := newStore(t)
 		a, b := open(), open()
-		l := acquire(t, a, "a")
-		deadline := time.Now().Add(ttl + 2*time.Second)
-		var lb cluster.Lease
-		for {
-			var err error
-			lb, err = b.Acquire(ctx, req("b"))
-			if err == nil {
-				break
-			}
-			held := mustHeld(t, err, "a", l.FencingToken)
-			if time.Now().After(deadline) {
-				t.Fatalf("lease of TTL %v still held after %v", ttl, ttl+2*time.Second)
-			}
-			time.Sleep(held.Remaining + 5*time.Millisecond)
+		l := acquire(t, a, req("a", shortTTL))
+		_, err := b.Acquire(ctx, req("b", shortTTL))
+		held := mustBeHeld(t, err, l, shortTTL)
+		// Remaining is by the store's clock, read after the acquisition:
+		// once it has passed here, the term has expired there.
+		time.Sleep(held.Remaining + expiryMargin)
+
+		mustBeFree(t, b, "leader")
+		if _, err := a.Renew(ctx, l, shortTTL); !errors.Is(err, cluster.ErrLeaseLost) {
+			t.Fatalf("Renew of an expired term = %v, want ErrLeaseLost", err)
 		}
-		if lb.FencingToken != l.FencingToken+1 {
-			t.Fatalf("token after expiry = %d, want %d", lb.FencingToken, l.FencingToken+1)
+		if _, err := a.Renew(ctx, l, shortTTL); !errors.Is(err, cluster.ErrLeaseLost) {
+			t.Fatalf("second Renew of an expired term = %v, want ErrLeaseLost", err)
 		}
-		if _, err := a.Renew(ctx, l, ttl); !errors.Is(err, cluster.ErrLeaseLost) {
-			t.Fatalf("Renew of an expired, taken term = %v, want ErrLeaseLost", err)
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release of an expired term: %v", err)
 		}
+		mustBeFree(t, b, "leader")
+
+		lb := acquire(t, b, req("b", ttl))
+		if lb.FencingToken <= l.FencingToken {
+			t.Fatalf("token after expiry = %d, want more than the expired term's %d", lb.FencingToken, l.FencingToken)
+		}
+		if _, err := a.Renew(ctx, l, shortTTL); !errors.Is(err, cluster.ErrLeaseLost) {
+			t.Fatalf("Renew of an expired term after another node acquired = %v, want ErrLeaseLost", err)
+		}
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release of an expired term after another node acquired: %v", err)
+		}
+		_, err = a.Acquire(ctx, req("a", shortTTL))
+		mustBeHeld(t, err, lb, ttl)
 	})
 
 	t.Run("IndependentNames", func(t *testing.T) {
 		p := newStore(t)()
-		a := acquire(t, p, "a")
-		r := req("b")
+		a := acquire(t, p, req("a", ttl))
+		r := req("b", ttl)
 		r.Name = "other"
-		b, err := p.Acquire(ctx, r)
-		if err != nil {
-			t.Fatalf("Acquire of another name: %v", err)
-		}
-		if leader, _ := p.Leader(ctx, "leader"); leader == nil || leader.NodeID != "a" || leader.FencingToken != a.FencingToken {
-			t.Fatalf("leader of %q = %+v", "leader", leader)
-		}
-		if leader, _ := p.Leader(ctx, "other"); leader == nil || leader.NodeID != "b" || leader.FencingToken != b.FencingToken {
-			t.Fatalf("leader of %q = %+v", "other", leader)
-		}
+		b := acquire(t, p, r)
+		mustLead(t, p, a)
+		mustLead(t, p, b)
+		release(t, p, b)
+		mustBeFree(t, p, "other")
+		mustLead(t, p, a)
 	})
 
 	t.Run("ConcurrentAcquire", func(t *testing.T) {
-		open := newStore(t)
-		const n = 8
-		providers := make([]cluster.Provider, n)
-		for i := range providers {
-			providers[i] = open()
-		}
-		for round := range 3 {
-			var wg sync.WaitGroup
-			leases := make([]cluster.Lease, n)
-			errs := make([]error, n)
-			for i, p := range providers {
-				wg.Go(func() { leases[i], errs[i] = p.Acquire(ctx, req(fmt.Sprintf("n%d", i))) })
-			}
-			wg.Wait()
-			var winner *cluster.Lease
-			for i, err := range errs {
-				switch {
-				case err == nil && winner != nil:
-					t.Fatalf("round %d: two winners: %+v and %+v", round, *winner, leases[i])
-				case err == nil:
-					winner = &leases[i]
-				case !errors.Is(err, cluster.ErrLeaseHeld):
-					t.Fatalf("round %d: node %d: %v", round, i, err)
+		concurrentRounds(t, newStore(t), func(t *testing.T, winner cluster.Lease, errs []error) {})
+	})
+
+	t.Run("ConcurrentAcquireReportsWinner", func(t *testing.T) {
+		concurrentRounds(t, newStore(t), func(t *testing.T, winner cluster.Lease, errs []error) {
+			t.Helper()
+			for _, err := range errs {
+				if err != nil {
+					mustBeHeld(t, err, winner, ttl)
 				}
 			}
-			if winner == nil {
-				t.Fatalf("round %d: nobody acquired a free lease", round)
-			}
-			if err := providers[0].Release(ctx, cluster.Lease{Name: "leader", Holder: winner.Holder, Instance: winner.Instance, FencingToken: winner.FencingToken}); err != nil {
-				t.Fatal(err)
+		})
+	})
+}
+
+// concurrentRounds has 8 providers over one store call Acquire at once, in
+// three rounds, releasing the one term granted after each. It checks that
+// exactly one term is granted each round, with a greater token than the
+// round before, and that the others get ErrLeaseHeld; then it calls check
+// with the winner's lease and every node's error (nil for the winner).
+func concurrentRounds(t *testing.T, open func() cluster.Provider, check func(t *testing.T, winner cluster.Lease, errs []error)) {
+	t.Helper()
+	const n = 8
+	providers := make([]cluster.Provider, n)
+	for i := range providers {
+		providers[i] = open()
+	}
+	var last uint64
+	for round := 1; round <= 3; round++ {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		leases := make([]cluster.Lease, n)
+		errs := make([]error, n)
+		for i, p := range providers {
+			wg.Go(func() {
+				<-start
+				leases[i], errs[i] = p.Acquire(t.Context(), req(fmt.Sprintf("n%d", i), ttl))
+			})
+		}
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && winner >= 0:
+				t.Fatalf("round %d: two terms granted: %+v and %+v", round, leases[winner], leases[i])
+			case err == nil:
+				winner = i
+			case !errors.Is(err, cluster.ErrLeaseHeld):
+				t.Fatalf("round %d: node n%d: %v, want ErrLeaseHeld", round, i, err)
 			}
 		}
-	})
+		if winner < 0 {
+			t.Fatalf("round %d: none of %d nodes acquired a free lease", round, n)
+		}
+		w := leases[winner]
+		if w.FencingToken <= last {
+			t.Fatalf("round %d: token %d, want more than the previous round's %d", round, w.FencingToken, last)
+		}
+		last = w.FencingToken
+		check(t, w, errs)
+		release(t, providers[(winner+1)%n], w) // any provider over the store may release a term it names
+	}
+}
+
+// req is node holder's request for the lease "leader".
+func req(holder string, ttl time.Duration) cluster.LeaseRequest {
+	return cluster.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
+}
+
+func acquire(t *testing.T, p cluster.Provider, r cluster.LeaseRequest) cluster.Lease {
+	t.Helper()
+	l, err := p.Acquire(t.Context(), r)
+	if err != nil {
+		t.Fatalf("Acquire(%q) by %s: %v", r.Name, r.Holder, err)
+	}
+	return l
+}
+
+func release(t *testing.T, p cluster.Provider, l cluster.Lease) {
+	t.Helper()
+	if err := p.Release(t.Context(), l); err != nil {
+		t.Fatalf("Release(%q) of %s's term %d: %v", l.Name, l.Holder, l.FencingToken, err)
+	}
+}
+
+// mustBeHeld checks that err reports l as the term holding the lease, with
+// at most ttl remaining.
+func mustBeHeld(t *testing.T, err error, l cluster.Lease, ttl time.Duration) *cluster.LeaseHeldError {
+	t.Helper()
+	var held *cluster.LeaseHeldError
+	if !errors.As(err, &held) || !errors.Is(err, cluster.ErrLeaseHeld) {
+		t.Fatalf("Acquire of a held lease = %v, want a *LeaseHeldError matching ErrLeaseHeld", err)
+	}
+	if held.Holder != l.Holder || held.Instance != l.Instance || held.Endpoint != l.Endpoint || held.FencingToken != l.FencingToken {
+		t.Fatalf("held by %q (instance %q, endpoint %q, token %d), want %q (instance %q, endpoint %q, token %d)",
+			held.Holder, held.Instance, held.Endpoint, held.FencingToken, l.Holder, l.Instance, l.Endpoint, l.FencingToken)
+	}
+	if !held.ExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("LeaseHeldError.ExpiresAt = %v, want the term's %v", held.ExpiresAt, l.ExpiresAt)
+	}
+	if held.Remaining <= 0 || held.Remaining > ttl {
+		t.Fatalf("LeaseHeldError.Remaining = %v, want within (0, %v]", held.Remaining, ttl)
+	}
+	return held
+}
+
+// mustLead checks that Leader reports l as the term holding its lease.
+func mustLead(t *testing.T, p cluster.Provider, l cluster.Lease) {
+	t.Helper()
+	leader, err := p.Leader(t.Context(), l.Name)
+	if err != nil {
+		t.Fatalf("Leader(%q): %v", l.Name, err)
+	}
+	if leader == nil {
+		t.Fatalf("Leader(%q) = nil, want %s's term %d", l.Name, l.Holder, l.FencingToken)
+	}
+	if leader.NodeID != l.Holder || leader.Endpoint != l.Endpoint || leader.FencingToken != l.FencingToken || !leader.LeaseExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("Leader(%q) = %+v, want node %q, endpoint %q, token %d, expiry %v",
+			l.Name, *leader, l.Holder, l.Endpoint, l.FencingToken, l.ExpiresAt)
+	}
+}
+
+// mustBeFree checks that Leader reports nobody holding lease name.
+func mustBeFree(t *testing.T, p cluster.Provider, name string) {
+	t.Helper()
+	leader, err := p.Leader(t.Context(), name)
+	if err != nil || leader != nil {
+		t.Fatalf("Leader(%q) = %+v, %v; want nil, nil", name, leader, err)
+	}
 }
