@@ -216,14 +216,22 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		return Lease{}, err
 	}
 	defer release()
-	granted, r, err := p.d.acquire(ctx, conn, req)
-	if err != nil {
-		return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+	for attempt := 0; ; attempt++ {
+		granted, r, err := p.d.acquire(ctx, conn, req)
+		if err != nil {
+			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+		}
+		if granted {
+			return r.lease(req.Name), nil
+		}
+		// Refused, yet the row read back is free: another node won a race
+		// and the statement saw the row from before its commit (PostgreSQL's
+		// snapshot, MySQL's read after the UPDATE). Try again: the winner
+		// has committed by now, so we learn who leads, or win.
+		if r.expiresAt > r.now || attempt == 2 {
+			return Lease{}, r.held()
+		}
 	}
-	if !granted {
-		return Lease{}, r.held()
-	}
-	return r.lease(req.Name), nil
 }
 
 // Renew implements [Provider].

@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/sqlfence/cluster"
-	"github.com/sqlfence/cluster/internal/providertest"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/providertest"
 )
 
 // initProvider returns the default provider over db, its tables created.

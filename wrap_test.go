@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
-	"github.com/sqlfence/cluster/internal/providertest"
+	"github.com/sqlfence/cluster/providertest"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 

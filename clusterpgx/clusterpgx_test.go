@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
-	"github.com/sqlfence/cluster/internal/providertest"
+	"github.com/sqlfence/cluster/providertest"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 

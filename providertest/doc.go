@@ -1,0 +1,101 @@
+// Package providertest holds the conformance suite for [cluster.Provider]
+// implementations, and [Memory], an in-memory Provider that passes it, for
+// tests of code that runs on a [cluster.Cluster] without a database.
+//
+// # Running the suite
+//
+// The default SQL provider runs the suite on every dialect. A third-party
+// Provider should run it too, from a test in the implementation's own
+// package, so that go test of that package checks it against the Provider
+// contract:
+//
+//	func TestConformance(t *testing.T) {
+//		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+//			store := newEmptyStore(t) // cleaned up with t.Cleanup
+//			return func() cluster.Provider { return openProvider(t, store) }
+//		})
+//	}
+//
+// # What the suite checks
+//
+// [Run] runs these subtests, each on a fresh store:
+//
+//   - AcquireFree: a free lease is granted with a nonzero token, the
+//     request's name, holder, instance and endpoint, and an expiry; Leader
+//     reports that term with the same expiry.
+//   - NoLeader: Leader of a lease never acquired returns nil and no error.
+//   - AcquireHeld: Acquire of a held lease, by another node or by the
+//     holder itself, returns a [*cluster.LeaseHeldError] matching
+//     [cluster.ErrLeaseHeld] that names the holder's node, instance,
+//     endpoint and token; its ExpiresAt is the term's and Leader's, and its
+//     Remaining is within (0, TTL].
+//   - Renew: Renew keeps the term (name, holder, instance, endpoint and
+//     token) and moves its expiry to the given ttl after the renewal, by
+//     the store's clock: renewed for twice the TTL, the lease has more than
+//     the TTL left, and Leader reports the new expiry.
+//   - RenewMustMatchTerm: Renew with another name, holder, instance or
+//     token returns [cluster.ErrLeaseLost]; the real term still renews.
+//   - ReleaseThenAcquire: Release ends the term at once: Leader returns
+//     nil, Renew returns ErrLeaseLost, and another node acquires without
+//     waiting, with a greater token and its own (here empty) endpoint.
+//   - ReleaseOldTerm: Release of an older term of an instance ends neither
+//     that instance's newer term nor another node's term granted since.
+//   - ReleaseInstance: a provider that implements
+//     [cluster.InstanceReleaser] ends the term of the given instance, and no
+//     other instance's (skipped for a provider that does not).
+//   - ReleaseTokenZeroIsNotSpecial: Release with token 0 releases nothing:
+//     Release always matches the term's token.
+//   - ReleaseByOtherIsNoop: Release with another name, holder or instance
+//     than the term's returns nil and leaves the term held.
+//   - ReleaseNotHeld: Release of a lease never acquired, or already
+//     released, returns nil.
+//   - TokensIncrease: 20 acquisitions by two nodes in turn, each released
+//     before the next, get strictly increasing tokens, so none is reused.
+//   - Expiry: once its TTL has passed, a term is expired: Leader returns
+//     nil, Renew and a second Renew return ErrLeaseLost, Release returns
+//     nil; another node then acquires with a greater token, and the old
+//     term can neither renew nor release it.
+//   - IndependentNames: leases of different names are held, reported and
+//     released independently.
+//   - ConcurrentAcquire: 8 providers over one store calling Acquire at once
+//     grant exactly one term; the others get ErrLeaseHeld. Three rounds,
+//     the term released in between, with increasing tokens.
+//   - ConcurrentAcquireReportsWinner: as ConcurrentAcquire, and each
+//     LeaseHeldError names the term granted in that round, with Remaining
+//     within (0, TTL], as in AcquireHeld: not the term released before it,
+//     nor an empty one.
+//
+// # Time
+//
+// Every subtest but Expiry acquires with a TTL of one minute, so that no
+// lease expires while the subtest runs, and ends terms with Release.
+// Expiry acquires with a TTL of one second and waits once for it to pass:
+// about one second, measured with the Remaining the store reports. The
+// suite makes 15 fresh stores and about 160 calls to them, one at a time
+// except in the Concurrent subtests: about two seconds in all against a
+// local database, most of it Expiry's wait. Run does not call t.Parallel;
+// the caller may.
+//
+// # Testing leader-only code without a database
+//
+// A [Memory] is a lease store in the test's memory. Set it as
+// [cluster.Config.Provider] of every node of a test, so they elect a
+// leader among themselves as they would over one database row. It decides
+// expiry by the clock it is given; with a [Clock], leases expire only when
+// the test says so, and the test controls the store with no sleeps:
+//
+//   - [Memory.Expire] ends a lease's term at once, as the TTL running out
+//     after a crash would.
+//   - [Clock.Advance] moves the store's clock, expiring every lease whose
+//     expiry it passes.
+//   - [Memory.Disconnect] cuts a node off from the store, as a crash or a
+//     network partition would; [Memory.Reconnect] heals it.
+//
+// None of these moves a Cluster's own clock. A node's heartbeat and trust
+// window ([cluster.Config.FenceTimeout]) run on the real monotonic clock,
+// so nodes notice a change in the store at their next heartbeat attempt,
+// within [cluster.Config.HeartbeatInterval] of real time. Wait for that
+// on an event ([cluster.Config.OnTransition]) rather than a sleep. Short
+// timings keep that quick: LeaseTTL 1s and HeartbeatInterval 100ms are the
+// least the Config allows, with FenceTimeout 700ms between them.
+package providertest
