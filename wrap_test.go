@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
-	"github.com/sqlfence/cluster/providertest"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/providertest"
 )
 
 // metered wraps the default provider as the docs advise, to count renews:

@@ -11,8 +11,8 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
-	"github.com/sqlfence/cluster/providertest"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/providertest"
 )
 
 func TestMain(m *testing.M) {
