@@ -81,6 +81,7 @@ type Cluster struct {
 	stopLookups  context.CancelFunc
 	lookupWork   workCount    // shared reads running
 	wit          witnessState // Config.WitnessFile in memory
+	stats        stats
 	// lookupFailing is set while discovery lookups fail, to log once.
 	lookupFailing atomic.Bool
 }
@@ -442,7 +443,12 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
 		if t != nil {
 			l = t.lease
+			start := mono()
 			err = c.provider.Release(rctx, l)
+			c.record(OpRelease, start, err)
+			if err == nil {
+				c.stats.releases.Add(1)
+			}
 		} else {
 			// An acquisition whose answer was lost may have granted a term
 			// whose token we never learnt: release whatever we hold.

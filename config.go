@@ -184,8 +184,18 @@ type Config struct {
 	// see [Cluster.OnTransition].
 	OnTransition func(Event)
 
-	// Logger receives the cluster's log records. Default: discard.
+	// Logger receives the cluster's log records: transitions at Info, the
+	// first failure of a streak at Warn, retries at Debug. Default
+	// slog.Default(), so renew failures and lost leases reach the
+	// service's log with no set-up.
 	Logger *slog.Logger
+
+	// Observer, when set, is called after every provider call this node
+	// makes (acquire, renew, release, fence) with its kind, outcome and
+	// latency, to feed metrics or traces without wrapping the provider.
+	// It runs on the goroutine that made the call, the heartbeat's among
+	// them: it must return quickly and must not block.
+	Observer func(Operation)
 
 	// Chains lists the hash-chained tables whose tips [New], and every
 	// acquisition, check for rollback; see [Cluster.AdvanceTip]. Needs a
@@ -323,7 +333,7 @@ func (c Config) resolve() (Config, error) {
 		return c, err
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	return c, nil
 }

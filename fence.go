@@ -74,7 +74,10 @@ func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := c.fencer.Fence(ctx, tx, t.lease, c.cfg.LeaseTTL); err != nil {
+	start := mono()
+	err = c.fencer.Fence(ctx, tx, t.lease, c.cfg.LeaseTTL)
+	c.record(OpFence, start, err)
+	if err != nil {
 		return 0, err
 	}
 	return t.lease.FencingToken, nil

@@ -187,6 +187,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 		return nil
 	}
 	c.holdUntil.Store(math.MaxInt64) // until the release, then ResignHoldOff
+	c.stats.resigns.Add(1)
 	c.retiring.Store(t)
 	t.end()
 	c.term.Store(nil)
@@ -204,6 +205,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 		c.log.WarnContext(ctx, "cluster: release on resign failed; the lease expires after LeaseTTL", "fencing_token", t.lease.FencingToken, "err", err)
 		err = fmt.Errorf("cluster: resign lease %q: %w", c.cfg.LeaseName, err)
 	} else {
+		c.stats.releases.Add(1)
 		c.log.InfoContext(ctx, "cluster: resigned", "fencing_token", t.lease.FencingToken, "hold_off", c.cfg.ResignHoldOff)
 	}
 	c.emit(EventLeaseReleased, t.lease.FencingToken, reason)

@@ -53,7 +53,9 @@ func (c *Cluster) step(ctx context.Context) time.Duration {
 		// lease, so no other node starts that work meanwhile.
 		start := mono()
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-		if _, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL); err != nil {
+		_, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL)
+		c.record(OpRenew, start, err)
+		if err != nil {
 			c.log.DebugContext(ctx, "cluster: renew while leader work stops failed", "fencing_token", t.lease.FencingToken, "err", err)
 		}
 		cancel()
@@ -82,6 +84,7 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	rctx, cancel := context.WithTimeout(ctx, left-left/10)
 	_, err := c.provider.Renew(rctx, t.lease, c.cfg.LeaseTTL)
 	cancel()
+	c.record(OpRenew, start, err)
 	now := mono()
 	switch {
 	case err == nil && now < until && t.until.CompareAndSwap(until, monoAfter(start, c.cfg.FenceTimeout)):
@@ -90,6 +93,7 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 		if c.renewFailures > 0 {
 			c.log.InfoContext(ctx, "cluster: renew succeeded after failures", "fencing_token", t.lease.FencingToken, "failures", c.renewFailures)
 			c.renewFailures = 0
+			c.stats.renewFailures.Store(0)
 		}
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 	case err == nil:
@@ -113,6 +117,7 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 			level = slog.LevelDebug
 		}
 		c.renewFailures++
+		c.stats.renewFailures.Store(int64(c.renewFailures))
 		c.log.Log(ctx, level, "cluster: renew failed; retrying while the trust window lasts",
 			"fencing_token", t.lease.FencingToken, "window_left", left.Round(time.Millisecond), "err", err)
 		return min(c.retryDelay(), left)
@@ -144,12 +149,18 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 // whether it ended t.
 func (c *Cluster) lose(t *term, reason Reason, err error) bool {
 	c.renewFailures = 0
+	c.stats.renewFailures.Store(0)
 	t.end() // leader work stops before, or as, IsLeader turns false
 	c.mu.Lock()
 	ended := c.term.CompareAndSwap(t, nil)
 	c.mu.Unlock()
 	if !ended {
 		return false
+	}
+	if reason == ReasonSelfFenced {
+		c.stats.selfFences.Add(1)
+	} else {
+		c.stats.lossesTaken.Add(1)
 	}
 	c.log.Warn("cluster: lease lost", "fencing_token", t.lease.FencingToken, "reason", reason, "err", err)
 	c.emit(EventLeaseLost, t.lease.FencingToken, reason)
@@ -175,6 +186,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		TTL:      c.cfg.LeaseTTL,
 	})
 	cancel()
+	c.record(OpAcquire, start, err)
 	now := mono()
 
 	var held *LeaseHeldError
@@ -193,6 +205,8 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			c.mu.Unlock()
 			return 0
 		}
+		c.stats.termStart.Store(time.Now().UnixNano())
+		c.stats.acquisitions.Add(1)
 		c.term.Store(t)
 		c.unsure = false
 		c.startWork(t)
@@ -272,7 +286,10 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 func (c *Cluster) release(ctx context.Context, l Lease) error {
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 	defer cancel()
-	return c.provider.Release(rctx, l)
+	start := mono()
+	err := c.provider.Release(rctx, l)
+	c.record(OpRelease, start, err)
+	return err
 }
 
 func (c *Cluster) setUnsure(v bool) {
@@ -320,6 +337,9 @@ func (c *Cluster) watch(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 		l, err := c.provider.Leader(rctx, c.cfg.LeaseName)
 		cancel()
+		if err == nil {
+			c.stats.lastContact.Store(mono())
+		}
 		switch {
 		case err != nil:
 			c.log.DebugContext(ctx, "cluster: follower could not read the lease", "err", err)

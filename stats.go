@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+)
+
+// OpKind names a provider call a Cluster makes.
+type OpKind string
+
+// The provider calls reported to [Config.Observer].
+const (
+	OpAcquire OpKind = "acquire"
+	OpRenew   OpKind = "renew"
+	OpRelease OpKind = "release"
+	OpFence   OpKind = "fence"
+)
+
+// An Outcome says how a provider call ended.
+type Outcome string
+
+// The outcomes of an [Operation].
+const (
+	OutcomeOK    Outcome = "ok"    // done: granted, renewed, released, fenced
+	OutcomeHeld  Outcome = "held"  // acquire: another term holds the lease
+	OutcomeLost  Outcome = "lost"  // renew: the term no longer holds the lease
+	OutcomeStale Outcome = "stale" // fence: the token is not the current term's
+	OutcomeError Outcome = "error" // anything else: the database did not answer, refused, ...
+)
+
+// An Operation is one provider call, as [Config.Observer] sees it.
+type Operation struct {
+	Kind     OpKind
+	Outcome  Outcome
+	Duration time.Duration // how long the call took, by the monotonic clock
+	Err      error         // nil for OutcomeOK
+}
+
+// outcomeOf classifies the error a provider call returned.
+func outcomeOf(kind OpKind, err error) Outcome {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case kind == OpAcquire && errors.Is(err, ErrLeaseHeld):
+		return OutcomeHeld
+	case kind == OpRenew && errors.Is(err, ErrLeaseLost):
+		return OutcomeLost
+	case kind == OpFence && errors.Is(err, ErrStaleFencingToken):
+		return OutcomeStale
+	}
+	return OutcomeError
+}
+
+// record records a provider call that started at start (mono) and
+// reports it to Config.Observer.
+func (c *Cluster) record(kind OpKind, start int64, err error) {
+	d := time.Duration(mono() - start)
+	o := outcomeOf(kind, err)
+	if o != OutcomeError && o != OutcomeStale {
+		c.stats.lastContact.Store(mono()) // the database answered
+	}
+	if kind == OpRenew && o == OutcomeOK {
+		c.stats.renewLatency.Store(int64(d))
+	}
+	if f := c.cfg.Observer; f != nil {
+		f(Operation{Kind: kind, Outcome: o, Duration: d, Err: err})
+	}
+}
+
+// Stats is a snapshot of a node's leadership and its history, for metrics
+// and health checks. [Cluster.Stats] reads it without I/O.
+type Stats struct {
+	Leader       bool      // IsLeader at the time of the call
+	FencingToken uint64    // the token of the term this node leads in, or 0
+	TermStart    time.Time // when this node's current term began (local wall clock), or zero
+	// LastRenewLatency is how long the last successful renew took.
+	LastRenewLatency time.Duration
+	// ConsecutiveRenewFailures counts the failed renews of the current
+	// term since the last successful one.
+	ConsecutiveRenewFailures int
+	// LastContact is how long ago the database last answered a lease
+	// statement of this node (any answer but an error), or -1 if never.
+	LastContact time.Duration
+
+	Acquisitions uint64 // terms this node began
+	LossesTaken  uint64 // terms that ended because another term took the lease (lease-lost, lease-taken)
+	SelfFences   uint64 // terms that ended because no renew succeeded in time (lease-lost, self-fenced)
+	Resigns      uint64 // terms ended by Resign
+	Releases     uint64 // terms released by Shutdown or Resign
+}
+
+// stats are the counters behind Stats, updated as things happen.
+type stats struct {
+	termStart     atomic.Int64 // unix ns of the current term's start, 0 when none
+	renewLatency  atomic.Int64 // ns
+	renewFailures atomic.Int64
+	lastContact   atomic.Int64 // mono, 0 when never
+
+	acquisitions, lossesTaken, selfFences, resigns, releases atomic.Uint64
+}
+
+// Stats returns a snapshot of this node's leadership and its counters. It
+// does no I/O and takes no lock, so it is cheap enough for every scrape.
+func (c *Cluster) Stats() Stats {
+	t := c.liveTerm()
+	s := Stats{
+		LastRenewLatency:         time.Duration(c.stats.renewLatency.Load()),
+		ConsecutiveRenewFailures: int(c.stats.renewFailures.Load()),
+		LastContact:              -1,
+		Acquisitions:             c.stats.acquisitions.Load(),
+		LossesTaken:              c.stats.lossesTaken.Load(),
+		SelfFences:               c.stats.selfFences.Load(),
+		Resigns:                  c.stats.resigns.Load(),
+		Releases:                 c.stats.releases.Load(),
+	}
+	if t != nil {
+		s.Leader, s.FencingToken = true, t.lease.FencingToken
+		if ns := c.stats.termStart.Load(); ns != 0 {
+			s.TermStart = time.Unix(0, ns)
+		}
+	}
+	if at := c.stats.lastContact.Load(); at != 0 {
+		s.LastContact = time.Duration(mono() - at)
+	}
+	return s
+}

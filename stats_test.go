@@ -1,0 +1,123 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// opLog records what Config.Observer is told.
+type opLog struct {
+	mu  sync.Mutex
+	ops []cluster.Operation
+}
+
+func (l *opLog) add(o cluster.Operation) {
+	l.mu.Lock()
+	l.ops = append(l.ops, o)
+	l.mu.Unlock()
+}
+
+func (l *opLog) count(kind cluster.OpKind, outcome cluster.Outcome) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, o := range l.ops {
+		if o.Kind == kind && o.Outcome == outcome {
+			n++
+		}
+	}
+	return n
+}
+
+// Stats and the Observer follow a node through a term, a fenced write, a
+// takeover, a resign and a shutdown, on every dialect.
+func TestStatsAndObserver(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		ops := &opLog{}
+		a := start(t, tg, "a", func(c *cluster.Config) { c.Observer = ops.add })
+		s := a.Stats()
+		if !s.Leader || s.FencingToken != a.FencingToken() || s.Acquisitions != 1 || s.TermStart.IsZero() || s.LastContact < 0 {
+			t.Fatalf("stats of a new leader: %+v", s)
+		}
+		afterRenew(t, tg, a.db)
+		waitFor(t, time.Second, "a renew observed", func() bool { return ops.count(cluster.OpRenew, cluster.OutcomeOK) > 0 })
+		if s := a.Stats(); s.LastRenewLatency <= 0 || s.ConsecutiveRenewFailures != 0 {
+			t.Fatalf("stats after a renew: %+v", s)
+		}
+		tx, err := a.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Fence(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		tx.Rollback()
+		if ops.count(cluster.OpAcquire, cluster.OutcomeOK) != 1 || ops.count(cluster.OpFence, cluster.OutcomeOK) != 1 {
+			t.Fatalf("observed %+v", ops.ops)
+		}
+
+		// A takeover behind a's back: its next renew is lost.
+		b := start(t, tg, "b", slowRenew)
+		expireLease(t, tg, a.db)
+		a.events.wait(t, cluster.EventLeaseLost, 2*time.Second)
+		if s := a.Stats(); s.Leader || s.LossesTaken+s.SelfFences != 1 {
+			t.Fatalf("stats after losing the lease: %+v", s)
+		}
+		waitFor(t, 2*time.Second, "the renew observed as lost", func() bool { return ops.count(cluster.OpRenew, cluster.OutcomeLost) > 0 })
+		_ = b
+		// Resign and Shutdown count releases.
+		b.Shutdown(ctx)
+		waitFor(t, 2*time.Second, "a to lead again", a.IsLeader)
+		if err := a.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := a.Stats(); s.Resigns != 1 || s.Releases != 1 || s.Acquisitions != 2 {
+			t.Fatalf("stats after a resign: %+v", s)
+		}
+		if ops.count(cluster.OpRelease, cluster.OutcomeOK) < 1 {
+			t.Fatal("the release was not observed")
+		}
+	})
+}
+
+// An observed acquire refused because another node leads has the outcome
+// "held"; one that fails is "error", with the error.
+func TestObserverOutcomes(t *testing.T) {
+	t.Parallel()
+	var calls int
+	boom := errors.New("database unreachable")
+	p := &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
+		calls++
+		if calls == 1 {
+			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "x", FencingToken: 7, Remaining: time.Second}
+		}
+		return cluster.Lease{}, boom
+	}}
+	ops := &opLog{}
+	cfg := fakeConfig(t, "a", p)
+	cfg.Observer = ops.add
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	waitFor(t, 2*time.Second, "a failed acquire", func() bool { return ops.count(cluster.OpAcquire, cluster.OutcomeError) > 0 })
+	if ops.count(cluster.OpAcquire, cluster.OutcomeHeld) != 1 {
+		t.Fatalf("observed %+v", ops.ops)
+	}
+	ops.mu.Lock()
+	defer ops.mu.Unlock()
+	for _, o := range ops.ops {
+		if o.Outcome == cluster.OutcomeError && !errors.Is(o.Err, boom) {
+			t.Fatalf("error outcome carries %v", o.Err)
+		}
+	}
+}
