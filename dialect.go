@@ -19,9 +19,8 @@ type dialect interface {
 	// queries are the statements every dialect defines.
 	queries() *queries
 	// prepare runs once per Init on conn: it reads what the dialect needs
-	// to know of the server and returns the values of the placeholders of
-	// the schema file other than {{prefix}}.
-	prepare(ctx context.Context, conn Querier, p *DBProvider) (vars map[string]string, err error)
+	// to know of the server, and warns of what is amiss.
+	prepare(ctx context.Context, conn Querier, p *DBProvider) error
 	// lockSchema serializes schema changes across nodes on conn; unlock
 	// ends the lock, committing when ok.
 	lockSchema(ctx context.Context, conn Querier, prefix string) (unlock func(ok bool) error, err error)
@@ -203,5 +202,3 @@ func (r row) held() *LeaseHeldError {
 	return &LeaseHeldError{Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint, FencingToken: uint64(r.token),
 		ExpiresAt: time.UnixMilli(r.expiresAt), Remaining: time.Duration(r.expiresAt-r.now) * time.Millisecond}
 }
-
-func replaceAll(s, old, new string) string { return strings.ReplaceAll(s, old, new) }

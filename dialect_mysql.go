@@ -51,10 +51,10 @@ func (d *mySQL) queries() *queries { return &d.q.queries }
 // prepare tells MariaDB from MySQL, and warns when this role may create
 // temporary tables, which lets a session of it hide the lease table from
 // the chain-tip guard (see schema/mysql.sql).
-func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[string]string, error) {
+func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
 	var version string
 	if err := conn.QueryRow(ctx, d.q.ServerVersion).Scan(&version); err != nil {
-		return nil, p.wrap("read server version", err)
+		return p.wrap("read server version", err)
 	}
 	d.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
 	if _, err := conn.Exec(ctx, d.q.TempProbe); err == nil {
@@ -63,7 +63,7 @@ func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[s
 			"and write chain tips under a made-up fencing token; revoke the privilege from the application's role (see the README, What the database enforces)",
 			"server_version", version)
 	}
-	return nil, nil
+	return nil
 }
 
 func (d *mySQL) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {

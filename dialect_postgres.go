@@ -32,17 +32,17 @@ func newPostgres(prefix string) dialect {
 func (d *postgres) name() Dialect     { return Postgres }
 func (d *postgres) queries() *queries { return &d.q.queries }
 
-// prepare names the schema the tables live in: the guard functions name
-// their tables with it, so a temporary table cannot stand in for them.
-func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[string]string, error) {
+// prepare checks that there is a schema to create the tables in: the
+// schema file pins it, with pg_temp after it, into the guard functions.
+func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
 	var cur sql.NullString
 	if err := conn.QueryRow(ctx, d.q.CurrentSchema).Scan(&cur); err != nil {
-		return nil, p.wrap("read current schema", err)
+		return p.wrap("read current schema", err)
 	}
 	if !cur.Valid {
-		return nil, fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
+		return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
 	}
-	return map[string]string{"{{schema}}": `"` + strings.ReplaceAll(cur.String, `"`, `""`) + `"`}, nil
+	return nil
 }
 
 func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {

@@ -31,13 +31,13 @@ func (d *sqlite) name() Dialect     { return SQLite }
 func (d *sqlite) queries() *queries { return &d.q.queries }
 
 // prepare warns when nodes would fail instead of waiting for each other.
-func (d *sqlite) prepare(ctx context.Context, conn Querier, p *DBProvider) (map[string]string, error) {
+func (d *sqlite) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
 	var ms int64
 	if err := conn.QueryRow(ctx, d.q.BusyTimeout).Scan(&ms); err == nil && ms == 0 {
 		p.log.WarnContext(ctx, "cluster: SQLite busy_timeout is 0, so nodes sharing the file fail instead of waiting for each other; "+
 			"add _pragma=busy_timeout(5000) to the DSN")
 	}
-	return nil, nil
+	return nil
 }
 
 func (d *sqlite) lockSchema(ctx context.Context, conn Querier, _ string) (func(bool) error, error) {

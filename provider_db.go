@@ -118,8 +118,7 @@ func (p *DBProvider) Init(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	vars, err := p.d.prepare(ctx, conn, p)
-	if err != nil {
+	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
 	have, err := p.schemaVersion(ctx, conn)
@@ -130,7 +129,7 @@ func (p *DBProvider) Init(ctx context.Context) error {
 	if err != nil {
 		return p.wrap("lock schema", err)
 	}
-	err = p.applySchema(ctx, conn, vars)
+	err = p.applySchema(ctx, conn)
 	if uerr := unlock(err == nil); err == nil && uerr != nil {
 		err = p.wrap("unlock schema", uerr)
 	}
@@ -158,12 +157,8 @@ func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, er
 // applySchema creates or upgrades the tables; the caller holds the schema
 // lock. The schema file is idempotent and describes the whole current
 // schema, so it serves a new database and every older version alike.
-func (p *DBProvider) applySchema(ctx context.Context, conn Querier, vars map[string]string) error {
-	src := schemaFile(string(p.d.name())+".sql", p.prefix)
-	for k, v := range vars {
-		src = replaceAll(src, k, v)
-	}
-	ddl := splitStatements(src)
+func (p *DBProvider) applySchema(ctx context.Context, conn Querier) error {
+	ddl := splitStatements(schemaFile(string(p.d.name())+".sql", p.prefix))
 	// The version table comes first so a newer schema is refused before we
 	// touch anything else; another node may have upgraded while we waited
 	// for the lock.

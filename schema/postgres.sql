@@ -1,9 +1,10 @@
 -- sqlfence/cluster schema for PostgreSQL 12 or later, version 3.
--- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_")
--- and {{schema}} by the quoted schema the tables live in (current_schema()
--- when New runs). Times are unix milliseconds by the database clock,
+-- {{prefix}} is replaced by Config.TablePrefix (validated, default
+-- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
--- ends with ";".
+-- ends with ";". Run the whole file in one transaction (New does; so do
+-- goose, atlas and flyway by default): its first statements pin the
+-- search_path the guard functions keep.
 --
 -- The file is idempotent and describes the whole current schema: New runs
 -- it, in one transaction under an advisory lock, only when
@@ -16,13 +17,18 @@
 --   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
 --   SF005 chain tip rewritten          SF006 fencing token lowered
 --   SF007 fencing token below the high-water mark (a lease row went back)
--- Every guard function pins search_path and names its tables with their
--- schema, so a session's temporary table cannot stand in for ours.
+-- Every guard function keeps the search_path it was created with: the
+-- schema of the tables, then pg_temp, listed last, so a session's temporary
+-- table cannot stand in for ours (unlisted, pg_temp would come first).
 
 CREATE TABLE IF NOT EXISTS {{prefix}}schema_version (
     version    INTEGER PRIMARY KEY,
     applied_at BIGINT  NOT NULL
 );
+
+-- For the rest of this transaction: this schema, then pg_temp. The guard
+-- functions below keep it (SET search_path FROM CURRENT).
+SELECT set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
 
 -- One row per lease name. The fencing token only ever grows: it is
 -- incremented by every acquisition and kept by release and expiry.
@@ -51,8 +57,8 @@ INSERT INTO {{prefix}}high_water (scope, value)
 SELECT 'lease/' || name, fencing_token FROM {{prefix}}lease
 ON CONFLICT (scope) DO NOTHING;
 
-CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}high_water_guard() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
+CREATE OR REPLACE FUNCTION {{prefix}}high_water_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
 BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'sqlfence: high-water marks may not be deleted' USING ERRCODE = 'SF006';
@@ -69,19 +75,19 @@ DROP TRIGGER IF EXISTS {{prefix}}high_water_guard ON {{prefix}}high_water;
 
 CREATE TRIGGER {{prefix}}high_water_guard
     BEFORE UPDATE OR DELETE ON {{prefix}}high_water
-    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}high_water_guard();
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}high_water_guard();
 
 DROP TRIGGER IF EXISTS {{prefix}}high_water_truncate ON {{prefix}}high_water;
 
 CREATE TRIGGER {{prefix}}high_water_truncate
     BEFORE TRUNCATE ON {{prefix}}high_water
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}high_water_guard();
+    FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}high_water_guard();
 
 -- Fencing tokens must never go back or be granted twice: refuse lowering a
 -- token, renaming, deleting or truncating a lease row, and any token below
 -- the high-water mark; raise the mark with every acquisition.
-CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}lease_guard() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
+CREATE OR REPLACE FUNCTION {{prefix}}lease_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
 DECLARE
     mark BIGINT;
 BEGIN
@@ -105,10 +111,10 @@ BEGIN
             RETURN NEW; -- renew or release: the mark is already this token
         END IF;
     END IF;
-    SELECT value INTO mark FROM {{schema}}.{{prefix}}high_water WHERE scope = 'lease/' || NEW.name;
+    SELECT value INTO mark FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name;
     -- An INSERT ... ON CONFLICT proposing a row that exists is checked by the
     -- UPDATE it turns into, so nodes of an older version can still acquire.
-    IF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM {{schema}}.{{prefix}}lease WHERE name = NEW.name) THEN
+    IF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM {{prefix}}lease WHERE name = NEW.name) THEN
         RETURN NEW;
     END IF;
     IF NEW.fencing_token < mark THEN
@@ -122,10 +128,10 @@ $guard$;
 -- Raises the mark after a row is really inserted or granted a new token
 -- (after, not before: an acquisition that finds the lease held proposes an
 -- insert that never happens).
-CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}lease_mark() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $mark$
+CREATE OR REPLACE FUNCTION {{prefix}}lease_mark() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $mark$
 BEGIN
-    INSERT INTO {{schema}}.{{prefix}}high_water AS h (scope, value) VALUES ('lease/' || NEW.name, NEW.fencing_token)
+    INSERT INTO {{prefix}}high_water AS h (scope, value) VALUES ('lease/' || NEW.name, NEW.fencing_token)
         ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE h.value < excluded.value;
     RETURN NULL;
 END
@@ -135,26 +141,26 @@ DROP TRIGGER IF EXISTS {{prefix}}lease_guard ON {{prefix}}lease;
 
 CREATE TRIGGER {{prefix}}lease_guard
     BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}lease
-    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}lease_guard();
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}lease_guard();
 
 DROP TRIGGER IF EXISTS {{prefix}}lease_mark_insert ON {{prefix}}lease;
 
 CREATE TRIGGER {{prefix}}lease_mark_insert
     AFTER INSERT ON {{prefix}}lease
-    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}lease_mark();
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}lease_mark();
 
 DROP TRIGGER IF EXISTS {{prefix}}lease_mark_update ON {{prefix}}lease;
 
 CREATE TRIGGER {{prefix}}lease_mark_update
     AFTER UPDATE ON {{prefix}}lease
     FOR EACH ROW WHEN (NEW.fencing_token > OLD.fencing_token)
-    EXECUTE FUNCTION {{schema}}.{{prefix}}lease_mark();
+    EXECUTE FUNCTION {{prefix}}lease_mark();
 
 DROP TRIGGER IF EXISTS {{prefix}}lease_truncate ON {{prefix}}lease;
 
 CREATE TRIGGER {{prefix}}lease_truncate
     BEFORE TRUNCATE ON {{prefix}}lease
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}lease_guard();
+    FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}lease_guard();
 
 -- The recorded tip of each hash-chained table. The guard below makes the
 -- database itself refuse a tip written under a stale fencing token, moving
@@ -173,8 +179,8 @@ INSERT INTO {{prefix}}high_water (scope, value)
 SELECT 'chain/' || scope, at_counter FROM {{prefix}}chain_tips
 ON CONFLICT (scope) DO NOTHING;
 
-CREATE OR REPLACE FUNCTION {{schema}}.{{prefix}}chain_tips_guard() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
+CREATE OR REPLACE FUNCTION {{prefix}}chain_tips_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
 DECLARE
     cur_token   BIGINT;
     cur_renewed BIGINT;
@@ -194,7 +200,7 @@ BEGIN
     -- FOR SHARE holds the lease row until this transaction ends, so no later
     -- term can be granted before this tip commits.
     SELECT fencing_token, renewed_at, expires_at INTO cur_token, cur_renewed, cur_expires
-        FROM {{schema}}.{{prefix}}lease WHERE name = NEW.lease_name FOR SHARE;
+        FROM {{prefix}}lease WHERE name = NEW.lease_name FOR SHARE;
     IF NOT FOUND OR NEW.fencing_token <> cur_token OR cur_expires <= now_ms THEN
         RAISE EXCEPTION 'sqlfence: stale fencing token % for chain % (current token %)',
             NEW.fencing_token, NEW.scope, cur_token USING ERRCODE = 'SF001';
@@ -216,12 +222,12 @@ BEGIN
                 NEW.scope, NEW.at_counter USING ERRCODE = 'SF005';
         END IF;
     END IF;
-    SELECT value INTO mark FROM {{schema}}.{{prefix}}high_water WHERE scope = 'chain/' || NEW.scope;
+    SELECT value INTO mark FROM {{prefix}}high_water WHERE scope = 'chain/' || NEW.scope;
     IF NEW.at_counter < mark THEN
         RAISE EXCEPTION 'sqlfence: chain % tip moving backwards from % to %',
             NEW.scope, mark, NEW.at_counter USING ERRCODE = 'SF002';
     END IF;
-    INSERT INTO {{schema}}.{{prefix}}high_water AS h (scope, value) VALUES ('chain/' || NEW.scope, NEW.at_counter)
+    INSERT INTO {{prefix}}high_water AS h (scope, value) VALUES ('chain/' || NEW.scope, NEW.at_counter)
         ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE h.value < excluded.value;
     RETURN NEW;
 END
@@ -231,13 +237,13 @@ DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard ON {{prefix}}chain_tips;
 
 CREATE TRIGGER {{prefix}}chain_tips_guard
     BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}chain_tips
-    FOR EACH ROW EXECUTE FUNCTION {{schema}}.{{prefix}}chain_tips_guard();
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}chain_tips_guard();
 
 DROP TRIGGER IF EXISTS {{prefix}}chain_tips_truncate ON {{prefix}}chain_tips;
 
 CREATE TRIGGER {{prefix}}chain_tips_truncate
     BEFORE TRUNCATE ON {{prefix}}chain_tips
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.{{prefix}}chain_tips_guard();
+    FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}chain_tips_guard();
 
 -- Cluster-wide facts every node must agree on, one row per lease name.
 CREATE TABLE IF NOT EXISTS {{prefix}}state (

@@ -202,6 +202,28 @@ func (tg Target) drop(t testing.TB) {
 			t.Logf("testdb: drop %s: %v", n, err)
 		}
 	}
+	if tg.Dialect == cluster.Postgres {
+		// The guard functions outlive their tables.
+		q := "SELECT oid::regprocedure::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace AND proname LIKE $1"
+		rows, err := db.QueryContext(ctx, q, tg.Prefix+"%")
+		if err != nil {
+			t.Logf("testdb: list functions to drop: %v", err)
+			return
+		}
+		var funcs []string
+		for rows.Next() {
+			var f string
+			if rows.Scan(&f) == nil {
+				funcs = append(funcs, f)
+			}
+		}
+		rows.Close()
+		for _, f := range funcs {
+			if _, err := db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+f); err != nil {
+				t.Logf("testdb: drop %s: %v", f, err)
+			}
+		}
+	}
 }
 
 // FreeAddr returns a loopback address nothing listens on.
