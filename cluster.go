@@ -206,7 +206,11 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	case c.state == nil && cfg.VaultKeyFingerprint != "":
 		return nil, c.errNoCapability("Config.VaultKeys", "StateStore")
 	}
-	if in, ok := c.provider.(Initializer); ok {
+	if sc, ok := c.provider.(SchemaChecker); ok && cfg.SkipMigrations {
+		if err := sc.CheckSchema(ctx); err != nil {
+			return nil, fmt.Errorf("cluster: check lease store: %w", err)
+		}
+	} else if in, ok := c.provider.(Initializer); ok && !cfg.SkipMigrations {
 		if err := in.Init(ctx); err != nil {
 			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
 		}

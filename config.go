@@ -172,6 +172,14 @@ type Config struct {
 	// error for a longer prefix gives it.
 	TablePrefix string
 
+	// SkipMigrations makes New run no DDL: it checks that the cluster
+	// tables exist at this build's [SchemaVersion] and fails with
+	// [ErrSchema], saying what to run, if they do not. Set it when the
+	// application's database role has no DDL rights and the schema is
+	// applied by a migration tool ([SchemaSQL]) or `clusterctl migrate`.
+	// Without it New also runs no DDL when the schema is current.
+	SkipMigrations bool
+
 	// Provider replaces the default provider over DB as the store of the
 	// lease: a *DBProvider of another driver (clusterpgx.NewProvider), a
 	// wrapper that embeds one, or a store of your own. When set, DB, Dialect

@@ -314,7 +314,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 				dsn = postgresRole(t, tg, owner, "SELECT, INSERT, UPDATE")
 			}
 			app := tg.OpenDSN(t, dsn)
-			a := startOn(t, tg, app, "a", withAudit(table))
+			a := startOn(t, tg, app, "a", withAudit(table), func(c *cluster.Config) { c.SkipMigrations = true })
 			if !a.IsLeader() {
 				t.Fatal("the application role does not lead")
 			}

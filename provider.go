@@ -73,9 +73,17 @@ type Leader struct {
 
 // Initializer is an optional interface for a [Provider] that must prepare
 // its store (create tables, check versions) before use. [New] calls Init
-// once before the first Acquire.
+// once before the first Acquire, unless [Config.SkipMigrations] is set.
 type Initializer interface {
 	Init(ctx context.Context) error
+}
+
+// SchemaChecker is an optional interface for a [Provider] whose store has
+// a schema: with [Config.SkipMigrations], [New] calls CheckSchema instead
+// of Init, which must run no DDL and fail, wrapping [ErrSchema] and saying
+// what to run, unless the schema is current.
+type SchemaChecker interface {
+	CheckSchema(ctx context.Context) error
 }
 
 // InstanceReleaser is an optional capability of a [Provider]: it releases

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -46,6 +48,7 @@ var (
 	_ Fencer           = (*DBProvider)(nil)
 	_ ChainStore       = (*DBProvider)(nil)
 	_ StateStore       = (*DBProvider)(nil)
+	_ SchemaChecker    = (*DBProvider)(nil)
 )
 
 // A Pool gives [DBProvider] connections of any driver. Conn returns a
@@ -134,6 +137,53 @@ func (p *DBProvider) Init(ctx context.Context) error {
 		err = p.wrap("unlock schema", uerr)
 	}
 	return err
+}
+
+// CheckSchema implements [SchemaChecker]: it runs no DDL and returns an
+// error wrapping [ErrSchema], saying what to run, unless the tables exist
+// at this build's [SchemaVersion].
+func (p *DBProvider) CheckSchema(ctx context.Context) error {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := p.d.prepare(ctx, conn, p); err != nil {
+		return err
+	}
+	have, err := p.schemaVersion(ctx, conn)
+	if err != nil || have == SchemaVersion {
+		return err
+	}
+	what := fmt.Sprintf("the cluster tables (prefix %q) are missing", p.prefix)
+	if have > 0 {
+		what = fmt.Sprintf("the cluster tables (prefix %q) are at schema version %d, not %d", p.prefix, have, SchemaVersion)
+	}
+	return fmt.Errorf("%w: %s and Config.SkipMigrations is set: apply cluster.SchemaSQL(%q, %q) with your migration tool, run `clusterctl migrate`, or start one node without SkipMigrations under a role with DDL rights",
+		ErrSchema, what, p.d.name(), p.prefix)
+}
+
+// SchemaSQL returns the complete DDL of the cluster tables for dialect d
+// and tablePrefix (empty means "cluster_"), for goose, atlas, flyway or a
+// DBA to apply, with [Config.SkipMigrations] set on the nodes. It is what
+// [New] runs: idempotent, and it records [SchemaVersion]. Statements end
+// at a line that starts in column 0 and ends with ";"; run the whole of it
+// in one transaction where the dialect has transactional DDL (PostgreSQL,
+// SQLite). MySQL's trigger bodies contain semicolons: a client that splits
+// on ";" needs a DELIMITER.
+func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
+	cfg, err := Config{NodeID: "-", Provider: &nopProvider{}, TablePrefix: tablePrefix}.resolve()
+	if err != nil {
+		return "", err
+	}
+	dl, err := newDialect(d, cfg.TablePrefix)
+	if err != nil {
+		return "", err
+	}
+	src := schemaFile(string(d)+".sql", cfg.TablePrefix)
+	version := strings.Replace(dl.queries().VersionWrite, "$1", strconv.Itoa(SchemaVersion), 1)
+	version = strings.Replace(strings.Replace(version, "?1", strconv.Itoa(SchemaVersion), 1), "?", strconv.Itoa(SchemaVersion), 1)
+	return src + "\n-- Records the schema version New checks.\n" + version + ";\n", nil
 }
 
 // schemaVersion reads the recorded schema version without taking a lock:
