@@ -55,8 +55,15 @@ type Cluster struct {
 
 	// seen is the last term (or free lease) this node observed, for
 	// leader-changed events.
-	seenMu sync.Mutex
-	seen   observed
+	seenMu       sync.Mutex
+	seen         observed
+	seenEndpoint string // of the term seen, "" when free or unknown
+
+	members      MemberStore // nil when the provider keeps no membership
+	heartbeating atomic.Bool // the heartbeat (or a follower's watch) runs
+	joined       atomic.Bool // this node's membership row is active
+	haltedFlag   atomic.Bool // halted is set; readable from any goroutine
+	steps        int         // heartbeat steps, for the membership refresh; heartbeat goroutine only
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -198,6 +205,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.chains, _ = c.provider.(ChainStore)
 	c.state, _ = c.provider.(StateStore)
 	c.releaser, _ = c.provider.(InstanceReleaser)
+	c.members, _ = c.provider.(MemberStore)
 	switch {
 	case c.chains == nil && len(cfg.Chains) > 0:
 		return nil, c.errNoCapability("Config.Chains", "ChainStore")
@@ -226,6 +234,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
 		cancel()
+		c.leave(ctx)
 		c.events.close()
 		c.events.wait(ctx) // deliver what was emitted, within the caller's patience
 		return nil, err
@@ -238,15 +247,18 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	if err := c.verifyIntegrity(ctx, 0); err != nil {
 		return fail(err)
 	}
+	c.join(ctx)
 	if cfg.Role == RoleLeader {
 		first := c.step(ctx)
 		if c.halted != nil {
 			return fail(c.halted)
 		}
 		c.wg.Add(1)
+		c.heartbeating.Store(true)
 		go c.run(loopCtx, first)
 	} else {
 		c.wg.Add(1)
+		c.heartbeating.Store(true)
 		go c.watch(loopCtx)
 	}
 	c.log.InfoContext(ctx, "cluster: node started", "role", string(cfg.Role), "instance", c.instance,
@@ -474,6 +486,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
 		}
 	}
+	c.leave(ctx)
 	c.events.close()
 	if !waitHandlers {
 		return err

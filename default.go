@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 )
@@ -518,4 +519,109 @@ func Resign(ctx context.Context) error {
 		return s.errNotLeader
 	}
 	return nil
+}
+
+// HealthHandler returns the default instance's liveness handler; see
+// [Cluster.HealthHandler]. It may be mounted before [Init]: when Init was
+// never called it answers 200 for the single node; while Init runs, after
+// it failed and after [Shutdown] it answers 503 with the state as reason.
+func HealthHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := std.state.Load()
+		if c := memberOf(s); c != nil {
+			c.HealthHandler().ServeHTTP(w, r)
+			return
+		}
+		if !probeMethod(w, r) {
+			return
+		}
+		if s == nil {
+			writeJSON(w, r, http.StatusOK, healthBody{Status: "ok", NodeID: SingleNodeID, Leader: true})
+			return
+		}
+		writeJSON(w, r, http.StatusServiceUnavailable, healthBody{Status: "unhealthy", NodeID: s.nodeID, Reason: s.reason})
+	})
+}
+
+// LeaderCheckHandler returns the default instance's leader check; see
+// [Cluster.LeaderCheckHandler]. When [Init] was never called the single
+// node leads (200, token 0).
+func LeaderCheckHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !probeMethod(w, r) {
+			return
+		}
+		s := std.state.Load()
+		if s == nil {
+			serveLeaderCheck(w, r, true, 0)
+			return
+		}
+		token := FencingToken()
+		serveLeaderCheck(w, r, IsLeader(), token)
+	})
+}
+
+// RequireLeaderMiddleware gates next on the default instance's leadership;
+// see [Cluster.RequireLeaderMiddleware]. When [Init] was never called
+// every request passes.
+func RequireLeaderMiddleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := std.state.Load()
+		if c := memberOf(s); c != nil {
+			c.RequireLeaderMiddleware(next).ServeHTTP(w, r)
+			return
+		}
+		if IsLeader() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "this node is not the leader", http.StatusServiceUnavailable)
+	})
+}
+
+// Members lists the members of the default instance's cluster; see
+// [Cluster.Members]. When [Init] was never called it returns the single
+// node; while Init runs, after it failed and after [Shutdown] it returns
+// the error CurrentLeader would.
+func Members(ctx context.Context) ([]Member, error) {
+	s := std.state.Load()
+	if s == nil {
+		host, _ := os.Hostname()
+		return []Member{{NodeID: SingleNodeID, Host: host, PID: os.Getpid(), Status: "active", Live: true, Leader: true}}, nil
+	}
+	if c := s.member(); c != nil {
+		return c.Members(ctx)
+	}
+	return nil, s.errLeader
+}
+
+// MembersHandler serves [Members] as JSON; see [Cluster.MembersHandler].
+func MembersHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := std.state.Load()
+		if c := memberOf(s); c != nil {
+			c.MembersHandler().ServeHTTP(w, r)
+			return
+		}
+		if !probeMethod(w, r) {
+			return
+		}
+		ms, err := Members(r.Context())
+		if err != nil {
+			writeJSON(w, r, http.StatusServiceUnavailable, map[string]string{"error": "membership lookup failed"})
+			return
+		}
+		writeJSON(w, r, http.StatusOK, struct {
+			Members []Member `json:"members"`
+		}{ms})
+	})
+}
+
+// memberOf is s.member(), nil for a nil state.
+func memberOf(s *stdState) *Cluster {
+	if s == nil {
+		return nil
+	}
+	return s.member()
 }

@@ -43,6 +43,9 @@ type dialect interface {
 	// transient reports an error worth retrying at once (SQLite's busy
 	// file while another node opens it).
 	transient(err error) bool
+	// seenByLease reports whether acquire and renew also refresh the
+	// node's membership row, in the same statement.
+	seenByLease() bool
 }
 
 // queries are the statements of the default provider that every dialect
@@ -67,6 +70,10 @@ type queries struct {
 	StateInsert     string `sql:"state_insert"`     // scope, fingerprint, node
 	StateRead       string `sql:"state_read"`       // scope
 	StateRotate     string `sql:"state_rotate"`     // new fingerprint, node, scope, old fingerprint
+	NodeJoin        string `sql:"node_join"`        // scope, instance, node id, host, pid, endpoint
+	NodeSeen        string `sql:"node_seen"`        // scope, instance
+	NodeLeave       string `sql:"node_leave"`       // scope, instance
+	Members         string `sql:"members"`          // scope
 }
 
 // loadQueries fills the string fields of the struct dst points to, and

@@ -214,3 +214,5 @@ func statementLimit(ctx context.Context) time.Duration {
 // defaultStatementLimit bounds a lease statement whose context has no
 // deadline.
 const defaultStatementLimit = 10 * time.Second
+
+func (d *mySQL) seenByLease() bool { return false }

@@ -113,3 +113,5 @@ func (d *sqlite) transient(err error) bool {
 	code := lite.Code() & 0xff
 	return code == 5 || code == 6
 }
+
+func (d *sqlite) seenByLease() bool { return false }

@@ -55,6 +55,7 @@ func TestDiscoveryHandler(t *testing.T) {
 
 		// A leader: 200 with its details, from any node, for any method.
 		a := start(t, tg, "a")
+		waitFor(t, 2*time.Second, "a to lead", a.IsLeader) // its first attempt may meet the follower's write
 		for _, n := range []*node{a, f} {
 			for _, m := range []string{http.MethodGet, http.MethodPost, "PROPFIND"} {
 				code, _, body, _ := get(t, n.DiscoveryHandler(), m)

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 )
 
@@ -104,6 +105,35 @@ func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64,
 func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
 	return q.h.QueryRowContext(ctx, query, args...)
 }
+
+func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	h, ok := q.h.(interface {
+		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("cluster: %T cannot return rows", q.h)
+	}
+	return h.QueryContext(ctx, query, args...)
+}
+
+// rowIter reads the rows of a query on a connection of the provider.
+type rowIter struct{ r Rows }
+
+func queryRows(ctx context.Context, conn Querier, q string, args ...any) (*rowIter, error) {
+	rq, ok := conn.(RowsQuerier)
+	if !ok {
+		return nil, fmt.Errorf("%w: the Pool's connections (%T) cannot return rows: implement cluster.RowsQuerier", ErrInvalidConfig, conn)
+	}
+	r, err := rq.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return &rowIter{r}, nil
+}
+
+func (it *rowIter) next() bool             { return it.r.Next() }
+func (it *rowIter) scan(dest ...any) error { return it.r.Scan(dest...) }
+func (it *rowIter) close() error           { return errors.Join(it.r.Err(), it.r.Close()) }
 
 // sqlPool is a Pool over a database/sql pool.
 type sqlPool struct{ db *sql.DB }

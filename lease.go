@@ -26,6 +26,7 @@ import (
 // run is the heartbeat goroutine. wait is the delay before its first step.
 func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 	defer c.wg.Done()
+	defer c.heartbeating.Store(false)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
@@ -36,8 +37,10 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 		}
 		wait := c.step(ctx)
 		if c.halted != nil {
+			c.haltedFlag.Store(true)
 			return
 		}
+		c.refreshMembership(ctx, true)
 		timer.Reset(wait)
 	}
 }
@@ -308,16 +311,16 @@ type observed struct {
 // observe emits leader-changed when o differs from the last term or free
 // lease this node observed.
 func (c *Cluster) observe(o observed, leader, endpoint string) {
+	if o.free {
+		leader, endpoint = "", ""
+	}
 	c.seenMu.Lock()
 	if c.seen == o {
 		c.seenMu.Unlock()
 		return
 	}
-	c.seen = o
+	c.seen, c.seenEndpoint = o, endpoint
 	c.seenMu.Unlock()
-	if o.free {
-		leader, endpoint = "", ""
-	}
 	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
 		LeaderID: leader, LeaderEndpoint: endpoint})
 }
@@ -326,6 +329,7 @@ func (c *Cluster) observe(o observed, leader, endpoint string) {
 // reads the lease once per heartbeat to report leader-changed.
 func (c *Cluster) watch(ctx context.Context) {
 	defer c.wg.Done()
+	defer c.heartbeating.Store(false)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -351,6 +355,7 @@ func (c *Cluster) watch(ctx context.Context) {
 		default:
 			c.observe(observed{token: l.FencingToken}, l.NodeID, l.Endpoint)
 		}
+		c.refreshMembership(ctx, false)
 		timer.Reset(c.cfg.HeartbeatInterval)
 	}
 }

@@ -115,6 +115,21 @@ type Row interface {
 	Scan(dest ...any) error
 }
 
+// A RowsQuerier is a [Querier] that also returns many rows; the
+// connections of a [Pool] must be RowsQueriers for [DBProvider.Members].
+type RowsQuerier interface {
+	Querier
+	Query(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Rows are the rows of [RowsQuerier.Query]; *sql.Rows are Rows.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
 // Optional capabilities of a [Provider] whose lease lives in the database
 // the application writes to. [New] finds them by type assertion and
 // refuses a Config whose integrity features its provider cannot serve:
@@ -164,6 +179,43 @@ type (
 		RotateVaultState(ctx context.Context, scope, from, to, node string) (bool, error)
 	}
 )
+
+// A MemberStore is an optional capability of a [Provider]: it keeps the
+// cluster's membership, one row per node process (see [Cluster.Members]).
+type MemberStore interface {
+	// Join records this node process as an active member of scope (the
+	// lease name), seen now.
+	Join(ctx context.Context, scope string, m Member) error
+	// Seen refreshes the member's last_seen.
+	Seen(ctx context.Context, scope, instance string) error
+	// Leave marks the member as left.
+	Leave(ctx context.Context, scope, instance string) error
+	// Members lists the members of scope; those not seen within timeout,
+	// by the store's clock, are not Live. At most one member Leads: the
+	// one the lease names while its term is unexpired.
+	Members(ctx context.Context, scope string, timeout time.Duration) ([]Member, error)
+	// SeenByLease reports whether Acquire and Renew refresh the caller's
+	// last_seen themselves, in the same statement, so that Seen need not
+	// be called by a candidate.
+	SeenByLease() bool
+}
+
+// A Member is one node process of a cluster.
+type Member struct {
+	NodeID    string    `json:"nodeId"`
+	Instance  string    `json:"instance"` // random per process
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	Endpoint  string    `json:"endpoint,omitempty"`
+	StartedAt time.Time `json:"startedAt"` // by the database clock
+	LastSeen  time.Time `json:"lastSeen"`  // by the database clock
+	// Status is "active" while the process runs, "left" once it shut down.
+	Status string `json:"status"`
+	// Live reports an active member seen within the node timeout.
+	Live bool `json:"live"`
+	// Leader reports the member whose term the lease row names, unexpired.
+	Leader bool `json:"leader"`
+}
 
 // A ChainTip is the recorded tip of a chain.
 type ChainTip struct {

@@ -49,6 +49,7 @@ var (
 	_ ChainStore       = (*DBProvider)(nil)
 	_ StateStore       = (*DBProvider)(nil)
 	_ SchemaChecker    = (*DBProvider)(nil)
+	_ MemberStore      = (*DBProvider)(nil)
 )
 
 // A Pool gives [DBProvider] connections of any driver. Conn returns a
@@ -508,6 +509,55 @@ func (p *DBProvider) RotateVaultState(ctx context.Context, scope, from, to, node
 		return false, p.wrap("rotate vault key fingerprint", err)
 	}
 	return n == 1, nil
+}
+
+// Join implements [MemberStore].
+func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
+	return p.exec(ctx, "join the cluster", p.q.NodeJoin, scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint)
+}
+
+// Seen implements [MemberStore].
+func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
+	return p.exec(ctx, "refresh membership", p.q.NodeSeen, scope, instance)
+}
+
+// Leave implements [MemberStore].
+func (p *DBProvider) Leave(ctx context.Context, scope, instance string) error {
+	return p.exec(ctx, "leave the cluster", p.q.NodeLeave, scope, instance)
+}
+
+// SeenByLease implements [MemberStore]: on PostgreSQL the lease statements
+// refresh membership too.
+func (p *DBProvider) SeenByLease() bool { return p.d.seenByLease() }
+
+// Members implements [MemberStore].
+func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Duration) ([]Member, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rows, err := queryRows(ctx, conn, p.q.Members, scope)
+	if err != nil {
+		return nil, p.wrap("read members", err)
+	}
+	var out []Member
+	for rows.next() {
+		var m Member
+		var pid, started, seen, leads, now int64
+		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now); err != nil {
+			rows.close()
+			return nil, p.wrap("read members", err)
+		}
+		m.PID, m.Leader = int(pid), leads == 1
+		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
+		m.Live = m.Status == "active" && now-seen < timeout.Milliseconds()
+		out = append(out, m)
+	}
+	if err := rows.close(); err != nil {
+		return nil, p.wrap("read members", err)
+	}
+	return out, nil
 }
 
 func quote(s string) string { return fmt.Sprintf("%q", s) }

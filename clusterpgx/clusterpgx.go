@@ -87,6 +87,30 @@ func (q querier) QueryRow(ctx context.Context, sql string, args ...any) cluster.
 	return q.h.QueryRow(ctx, sql, args...)
 }
 
+// Query implements [cluster.RowsQuerier] for the handles that can list
+// rows.
+func (q querier) Query(ctx context.Context, sql string, args ...any) (cluster.Rows, error) {
+	h, ok := q.h.(interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("clusterpgx: %T cannot return rows", q.h)
+	}
+	rows, err := h.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgxRows{rows}, nil
+}
+
+// pgxRows adapts pgx.Rows, whose Close returns nothing.
+type pgxRows struct{ pgx.Rows }
+
+func (r pgxRows) Close() error {
+	r.Rows.Close()
+	return r.Rows.Err()
+}
+
 // poolAdapter is a cluster.Pool over a pgxpool.
 type poolAdapter struct{ p *pgxpool.Pool }
 

@@ -207,3 +207,21 @@ CREATE TABLE IF NOT EXISTS {{prefix}}state (
     recorded_at      BIGINT       NOT NULL,
     recorded_by_node VARCHAR(255) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- Membership: one row per node process (instance) and lease name, written
+-- at start, refreshed every few heartbeats, marked 'left' on Shutdown.
+-- Liveness is judged from last_seen by the database clock; which member
+-- leads, from the lease row.
+CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
+    scope      VARCHAR(128)  NOT NULL,
+    instance   VARCHAR(64)   NOT NULL,
+    node_id    VARCHAR(255)  NOT NULL,
+    host       VARCHAR(255)  NOT NULL,
+    pid        BIGINT        NOT NULL,
+    endpoint   VARCHAR(2048) NOT NULL DEFAULT '',
+    started_at BIGINT        NOT NULL,
+    last_seen  BIGINT        NOT NULL,
+    status     VARCHAR(8)    NOT NULL,
+    PRIMARY KEY (scope, instance),
+    CONSTRAINT {{prefix}}nodes_status CHECK (status IN ('active', 'left'))
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

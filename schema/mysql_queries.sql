@@ -177,3 +177,32 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 -- MySQL 8 takes the bounds as optimizer hints after the statement's first
 -- word ({{verb}}); MAX_EXECUTION_TIME applies to SELECT only.
 {{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};
+
+-- name: node_join
+-- args: scope, instance, node id, host, pid, endpoint.
+INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
+VALUES (?, ?, ?, ?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, 'active')
+ON DUPLICATE KEY UPDATE
+    node_id = VALUES(node_id), host = VALUES(host), pid = VALUES(pid), endpoint = VALUES(endpoint),
+    last_seen = VALUES(last_seen), status = 'active';
+
+-- name: node_seen
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, status = 'active'
+WHERE scope = ? AND instance = ?;
+
+-- name: node_leave
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, status = 'left'
+WHERE scope = ? AND instance = ?;
+
+-- name: members
+-- args: scope. Returns node id, instance, host, pid, endpoint, started at,
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
+SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
+       CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 THEN 1 ELSE 0 END,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
+WHERE n.scope = ?
+ORDER BY n.node_id, n.started_at;

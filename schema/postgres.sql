@@ -253,3 +253,20 @@ CREATE TABLE IF NOT EXISTS {{prefix}}state (
     recorded_at      BIGINT NOT NULL,
     recorded_by_node TEXT   NOT NULL
 );
+
+-- Membership: one row per node process (instance) and lease name, written
+-- at start, refreshed by the heartbeat (in the same statement as the lease
+-- on PostgreSQL), marked 'left' on Shutdown. Liveness is judged from
+-- last_seen by the database clock; which member leads, from the lease row.
+CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
+    scope      TEXT   NOT NULL,
+    instance   TEXT   NOT NULL,
+    node_id    TEXT   NOT NULL,
+    host       TEXT   NOT NULL,
+    pid        BIGINT NOT NULL,
+    endpoint   TEXT   NOT NULL DEFAULT '',
+    started_at BIGINT NOT NULL,
+    last_seen  BIGINT NOT NULL,
+    status     TEXT   NOT NULL CHECK (status IN ('active', 'left')),
+    PRIMARY KEY (scope, instance)
+);

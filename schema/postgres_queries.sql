@@ -12,6 +12,11 @@
 -- holder: granted, holder, instance, token, expires, endpoint, now.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), seen AS (
+    -- The attempt is also this node's membership heartbeat: no extra
+    -- statement.
+    UPDATE {{prefix}}nodes SET last_seen = (SELECT now_ms FROM clock)
+    WHERE scope = $5 AND instance = $2 AND status = 'active'
 ), granted AS (
     INSERT INTO {{prefix}}lease AS l
         (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
@@ -38,9 +43,13 @@ FROM {{prefix}}lease l, clock c
 WHERE l.name = $5 AND NOT EXISTS (SELECT 1 FROM granted);
 
 -- name: renew
--- args: ttl ms, name, holder, instance, token. Returns the new expiry.
+-- args: ttl ms, name, holder, instance, token. Returns the new expiry. The
+-- renew is also the leader's membership heartbeat.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), seen AS (
+    UPDATE {{prefix}}nodes SET last_seen = (SELECT now_ms FROM clock)
+    WHERE scope = $2 AND instance = $4 AND status = 'active'
 )
 UPDATE {{prefix}}lease AS l
 SET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint
@@ -160,3 +169,32 @@ SELECT current_schema();
 -- advisory lock ends with it, and lock_timeout keeps the DDL from queueing
 -- behind an open transaction on the cluster tables.
 SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text, true);
+
+-- name: node_join
+-- args: scope, instance, node id, host, pid, endpoint.
+INSERT INTO {{prefix}}nodes AS m (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
+VALUES ($1, $2, $3, $4, $5, $6, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active')
+ON CONFLICT (scope, instance) DO UPDATE SET
+    node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
+    last_seen = excluded.last_seen, status = 'active';
+
+-- name: node_seen
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'active'
+WHERE scope = $1 AND instance = $2;
+
+-- name: node_leave
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left'
+WHERE scope = $1 AND instance = $2;
+
+-- name: members
+-- args: scope. Returns node id, instance, host, pid, endpoint, started at,
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
+SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
+       CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1 ELSE 0 END,
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
+WHERE n.scope = $1
+ORDER BY n.node_id, n.started_at;

@@ -216,3 +216,19 @@ CREATE TABLE IF NOT EXISTS {{prefix}}state (
     recorded_at      INTEGER NOT NULL,
     recorded_by_node TEXT    NOT NULL
 );
+
+-- Membership: one row per node process (instance) and lease name, written
+-- at start, refreshed every few heartbeats, marked 'left' on Shutdown.
+-- Liveness is judged from last_seen; which member leads, from the lease row.
+CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
+    scope      TEXT    NOT NULL,
+    instance   TEXT    NOT NULL,
+    node_id    TEXT    NOT NULL,
+    host       TEXT    NOT NULL,
+    pid        INTEGER NOT NULL,
+    endpoint   TEXT    NOT NULL DEFAULT '',
+    started_at INTEGER NOT NULL,
+    last_seen  INTEGER NOT NULL,
+    status     TEXT    NOT NULL CHECK (status IN ('active', 'left')),
+    PRIMARY KEY (scope, instance)
+);

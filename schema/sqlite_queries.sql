@@ -131,3 +131,32 @@ PRAGMA busy_timeout;
 -- name: schema_lock
 -- args: none. Takes the write lock now; DDL is transactional.
 BEGIN IMMEDIATE;
+
+-- name: node_join
+-- args: scope, instance, node id, host, pid, endpoint.
+INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER), 'active')
+ON CONFLICT (scope, instance) DO UPDATE SET
+    node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
+    last_seen = excluded.last_seen, status = 'active';
+
+-- name: node_seen
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = CAST(unixepoch('subsec') * 1000 AS INTEGER), status = 'active'
+WHERE scope = ?1 AND instance = ?2;
+
+-- name: node_leave
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = CAST(unixepoch('subsec') * 1000 AS INTEGER), status = 'left'
+WHERE scope = ?1 AND instance = ?2;
+
+-- name: members
+-- args: scope. Returns node id, instance, host, pid, endpoint, started at,
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
+SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
+       CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) THEN 1 ELSE 0 END,
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
+WHERE n.scope = ?1
+ORDER BY n.node_id, n.started_at;

@@ -1,0 +1,172 @@
+package cluster_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// probe serves one request to h and returns the status and JSON body.
+func probe(t *testing.T, h http.Handler, method string) (int, map[string]any, http.Header) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, "/", nil))
+	var body map[string]any
+	if method == http.MethodGet && strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: body %q: %v", method, rec.Body.String(), err)
+		}
+	}
+	if method == http.MethodHead && rec.Body.Len() != 0 {
+		t.Fatalf("HEAD answered with a body: %q", rec.Body.String())
+	}
+	return rec.Code, body, rec.Header()
+}
+
+// Health is 200 while the node reaches the database, 503 with a short
+// reason (never the database's words) once it has not for FenceTimeout,
+// and after Shutdown; the leader check is 200 on the leader only; both
+// answer GET and HEAD with no-store, and 405 otherwise.
+func TestHealthAndLeaderCheck(t *testing.T) {
+	t.Parallel()
+	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} { // SQLite has no network to cut
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			tg := testdb.New(t, d)
+			proxy := testdb.NewProxy(t, tg.Addr(t))
+			a := startOn(t, tg, tg.OpenDSN(t, tg.WithAddr(t, proxy.Addr)), "a")
+			f := start(t, tg, "f", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+			for _, m := range []string{http.MethodGet, http.MethodHead} {
+				if code, _, h := probe(t, a.HealthHandler(), m); code != http.StatusOK || h.Get("Cache-Control") != "no-store" {
+					t.Fatalf("%s health of the leader: %d %v", m, code, h)
+				}
+				if code, _, _ := probe(t, a.LeaderCheckHandler(), m); code != http.StatusOK {
+					t.Fatalf("%s leader check of the leader: %d", m, code)
+				}
+			}
+			if code, _, h := probe(t, a.HealthHandler(), http.MethodPost); code != http.StatusMethodNotAllowed || h.Get("Allow") != "GET, HEAD" {
+				t.Fatalf("POST health: %d %v", code, h)
+			}
+			waitFor(t, time.Second, "the pinned follower to read the lease", func() bool {
+				code, _, _ := probe(t, f.HealthHandler(), http.MethodGet)
+				return code == http.StatusOK
+			})
+			if code, body, _ := probe(t, f.LeaderCheckHandler(), http.MethodGet); code != http.StatusServiceUnavailable || body["leader"] != false {
+				t.Fatalf("leader check of a follower: %d %v", code, body)
+			}
+
+			proxy.Block()
+			var body map[string]any
+			waitFor(t, 3*time.Second, "the cut-off leader to report unhealthy", func() bool {
+				var code int
+				code, body, _ = probe(t, a.HealthHandler(), http.MethodGet)
+				return code == http.StatusServiceUnavailable
+			})
+			if r, _ := body["reason"].(string); !strings.HasPrefix(r, "database not reached for") {
+				t.Fatalf("unhealthy reason = %q", r)
+			}
+			if code, _, _ := probe(t, a.LeaderCheckHandler(), http.MethodGet); code != http.StatusServiceUnavailable {
+				t.Fatalf("leader check of a cut-off node: %d", code)
+			}
+			proxy.Unblock()
+			waitFor(t, 3*time.Second, "health to come back", func() bool {
+				code, _, _ := probe(t, a.HealthHandler(), http.MethodGet)
+				return code == http.StatusOK
+			})
+			a.Shutdown(context.Background())
+			if code, body, _ := probe(t, a.HealthHandler(), http.MethodGet); code != http.StatusServiceUnavailable || body["reason"] != "shut down" {
+				t.Fatalf("health after Shutdown: %d %v", code, body)
+			}
+		})
+	}
+}
+
+// A follower's middleware answers 503 with Retry-After and the leader's
+// endpoint; the leader's passes the request on.
+func TestRequireLeaderMiddleware(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		a := start(t, tg, "a")
+		b := start(t, tg, "b")
+		ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+		if code, _, _ := probe(t, a.RequireLeaderMiddleware(ok), http.MethodPost); code != http.StatusCreated {
+			t.Fatalf("the leader's middleware answered %d", code)
+		}
+		waitFor(t, time.Second, "b to learn who leads", func() bool {
+			_, _, h := probe(t, b.RequireLeaderMiddleware(ok), http.MethodPost)
+			return h.Get("X-Cluster-Leader") != ""
+		})
+		code, _, h := probe(t, b.RequireLeaderMiddleware(ok), http.MethodPost)
+		if code != http.StatusServiceUnavailable || h.Get("Retry-After") != "1" || h.Get("X-Cluster-Leader") != "http://a.test:8080" {
+			t.Fatalf("a follower's middleware: %d %v", code, h)
+		}
+	})
+}
+
+// Members lists every node process with its liveness by the database
+// clock; exactly one is the leader, the one the lease row names; a node
+// that shut down is listed as left, one that died stops being live after
+// the node timeout.
+func TestMembers(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a")
+		b := start(t, tg, "b")
+		c := start(t, tg, "c", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		ms, err := c.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]cluster.Member{}
+		leaders := 0
+		for _, m := range ms {
+			byID[m.NodeID] = m
+			if m.Leader {
+				leaders++
+			}
+		}
+		if len(ms) != 3 || leaders != 1 || !byID["a"].Leader || !byID["a"].Live || !byID["b"].Live || byID["c"].Status != "active" || byID["b"].PID == 0 || byID["a"].Host == "" {
+			t.Fatalf("members = %+v", ms)
+		}
+
+		b.Shutdown(ctx)
+		ms, _ = c.Members(ctx)
+		for _, m := range ms {
+			if m.NodeID == "b" && (m.Status != "left" || m.Live) {
+				t.Fatalf("after b's Shutdown: %+v", m)
+			}
+		}
+
+		// A node that dies without a word: the refreshes stop.
+		d := startOn(t, tg, tg.Open(t), "d", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		d.db.Close() // its database is gone: it can neither refresh nor leave
+		d.Shutdown(ctx)
+		timeout := time.Second + 3*100*time.Millisecond
+		waitFor(t, timeout+2*time.Second, "the dead node to stop being live", func() bool {
+			ms, _ := c.Members(ctx)
+			for _, m := range ms {
+				if m.NodeID == "d" {
+					return !m.Live && m.Status == "active"
+				}
+			}
+			return false
+		})
+		// The leader is still the only leader, and live: its refreshes go on.
+		time.Sleep(timeout) // past a node timeout, to show the live stay live
+		ms, _ = c.Members(ctx)
+		for _, m := range ms {
+			if (m.NodeID == "a") != m.Leader || (m.NodeID == "a" || m.NodeID == "c") != m.Live {
+				t.Fatalf("after a node timeout: %+v", ms)
+			}
+		}
+		_ = a
+	})
+}

@@ -1,0 +1,85 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+)
+
+// membershipEvery is how many heartbeats pass between two refreshes of a
+// node's membership row, where the lease statements do not refresh it
+// themselves.
+const membershipEvery = 3
+
+// memberTimeout is how long a member may go unseen, by the database clock,
+// before it is no longer live: a lease TTL and a few refreshes.
+func (c *Cluster) memberTimeout() time.Duration {
+	return c.cfg.LeaseTTL + membershipEvery*c.cfg.HeartbeatInterval
+}
+
+// Members lists the node processes of this cluster (of this lease name),
+// by the database clock: a member is Live while it is active and was seen
+// within LeaseTTL plus three heartbeats; at most one is Leader, the one
+// the lease row names while its term is unexpired (the lease row decides,
+// never a flag a node sets). Members that left stay listed, with status
+// "left". It needs a provider that implements [MemberStore], as the
+// default ones do.
+func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
+	if c.members == nil {
+		return nil, c.errNoCapability("Members", "MemberStore")
+	}
+	if c.down.Load() {
+		return nil, c.errDown
+	}
+	ms, err := c.members.Members(ctx, c.cfg.LeaseName, c.memberTimeout())
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read members of lease %q: %w", c.cfg.LeaseName, err)
+	}
+	return ms, nil
+}
+
+// join records this node as a member. Membership is for operators: a
+// failure (a follower on a read-only replica, say) is logged, not fatal.
+func (c *Cluster) join(ctx context.Context) {
+	if c.members == nil {
+		return
+	}
+	host, _ := os.Hostname()
+	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
+	jctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	defer cancel()
+	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
+		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members will not list it", "err", err)
+		return
+	}
+	c.joined.Store(true)
+}
+
+// refreshMembership refreshes this node's membership every few heartbeats;
+// candidate is true for a node whose lease statements may refresh it already.
+func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
+	if c.members == nil || !c.joined.Load() || (candidate && c.members.SeenByLease()) {
+		return
+	}
+	if c.steps++; c.steps%membershipEvery != 0 {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	defer cancel()
+	if err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance); err != nil {
+		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
+	}
+}
+
+// leave marks this node as left, on Shutdown.
+func (c *Cluster) leave(ctx context.Context) {
+	if c.members == nil || !c.joined.Swap(false) {
+		return
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
+	defer cancel()
+	if err := c.members.Leave(lctx, c.cfg.LeaseName, c.instance); err != nil {
+		c.log.WarnContext(ctx, "cluster: could not mark this node as left; it will show as not live after the node timeout", "err", err)
+	}
+}
