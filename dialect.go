@@ -74,6 +74,10 @@ type queries struct {
 	NodeSeen        string `sql:"node_seen"`        // scope, instance
 	NodeLeave       string `sql:"node_leave"`       // scope, instance
 	Members         string `sql:"members"`          // scope
+	TipsList        string `sql:"tips_list"`        // (none)
+	LeaseExpire     string `sql:"lease_expire"`     // name
+	LeaseRetire     string `sql:"lease_retire"`     // name
+	NodesRetire     string `sql:"nodes_retire"`     // scope
 }
 
 // loadQueries fills the string fields of the struct dst points to, and

@@ -560,6 +560,72 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 	return out, nil
 }
 
+// Tips lists every recorded chain tip, for operators (clusterctl tips).
+func (p *DBProvider) Tips(ctx context.Context) ([]ChainTip, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rows, err := queryRows(ctx, conn, p.q.TipsList)
+	if err != nil {
+		return nil, p.wrap("list chain tips", err)
+	}
+	var out []ChainTip
+	for rows.next() {
+		var t ChainTip
+		var counter, token, updated int64
+		if err := rows.scan(&t.Chain, &t.Lease, &counter, &t.Hash, &token, &updated); err != nil {
+			rows.close()
+			return nil, p.wrap("list chain tips", err)
+		}
+		t.Counter, t.FencingToken = uint64(counter), uint64(token)
+		out = append(out, t)
+	}
+	if err := rows.close(); err != nil {
+		return nil, p.wrap("list chain tips", err)
+	}
+	return out, nil
+}
+
+// ForceRelease ends the current term of the lease named name at once, by
+// the database clock, keeping its token, and reports whether a term was
+// held. Its holder stops believing it leads when its trust window closes
+// (its next renew fails), and the database refuses its fenced writes at
+// once. For operators (clusterctl release -force).
+func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	n, err := conn.Exec(ctx, p.d.bound(p.q.LeaseExpire, statementLimit(ctx)), name)
+	if err != nil {
+		return false, p.wrap("release lease "+quote(name), err)
+	}
+	return n == 1, nil
+}
+
+// Retire retires the lease name: its row stays, with its fencing token
+// (the guards refuse deleting it, rightly: a name used again continues
+// from that token), but names no holder, and its members are marked left.
+// The lease must not be held: release it first (ForceRelease), or stop
+// its nodes. For operators (clusterctl retire).
+func (p *DBProvider) Retire(ctx context.Context, name string) error {
+	l, err := p.Leader(ctx, name)
+	if err != nil {
+		return err
+	}
+	if l != nil {
+		return fmt.Errorf("%w: lease %q is held by node %q (fencing token %d); stop its nodes or release it first",
+			ErrLeaseHeld, name, l.NodeID, l.FencingToken)
+	}
+	if err := p.exec(ctx, "retire lease "+quote(name), p.q.LeaseRetire, name); err != nil {
+		return err
+	}
+	return p.exec(ctx, "retire the members of lease "+quote(name), p.q.NodesRetire, name)
+}
+
 func quote(s string) string { return fmt.Sprintf("%q", s) }
 
 // guardErrors maps the SQLSTATEs our guard triggers raise (SIGNAL on

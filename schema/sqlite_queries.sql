@@ -160,3 +160,25 @@ SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_se
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = ?1
 ORDER BY n.node_id, n.started_at;
+
+-- name: tips_list
+-- args: none. Every chain tip: scope, lease name, counter, hash, token,
+-- updated at.
+SELECT scope, lease_name, at_counter, row_hash, fencing_token, updated_at
+FROM {{prefix}}chain_tips ORDER BY scope;
+
+-- name: lease_expire
+-- args: name. An operator ends the current term at once (clusterctl
+-- release -force); the token is kept.
+UPDATE {{prefix}}lease SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE name = ?1 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: lease_retire
+-- args: name. An operator retires a lease name: the row stays, with its
+-- token (a name used again continues from it), but names no holder.
+UPDATE {{prefix}}lease SET holder = '', instance = '', endpoint = ''
+WHERE name = ?1 AND expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: nodes_retire
+-- args: scope. The members of a retired lease name have left.
+UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?1;
