@@ -625,3 +625,18 @@ func memberOf(s *stdState) *Cluster {
 	}
 	return s.member()
 }
+
+// Default returns the member [Init] created, for the calls that take a
+// *Cluster (clusterpgx.Fence, clusterprom's Watch), or nil when Init was
+// never called, has not returned, or failed. After [Shutdown] it returns
+// the member that was shut down.
+func Default() *Cluster {
+	s := std.state.Load()
+	if s == nil {
+		return nil
+	}
+	if s.kind == stdRunning || s.kind == stdDown {
+		return s.c
+	}
+	return nil
+}
