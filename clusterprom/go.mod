@@ -7,6 +7,7 @@ replace github.com/sqlfence/cluster => ../
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.72.0
 	github.com/sqlfence/cluster v0.0.0
 	go.uber.org/goleak v1.3.0
 )
@@ -19,7 +20,6 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	golang.org/x/crypto v0.59.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
