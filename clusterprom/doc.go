@@ -34,7 +34,7 @@
 //
 // Fed by Observe, one for every provider call:
 //
-//	sqlfence_cluster_operations_total{op, outcome}    counter: provider calls, by [cluster.OpKind] and [cluster.Outcome]
+//	sqlfence_cluster_operations_total{op, outcome}    counter: provider calls, by cluster.OpKind and cluster.Outcome
 //	sqlfence_cluster_renew_duration_seconds           histogram: renew latency, whatever the outcome
 //	sqlfence_cluster_operation_duration_seconds{op}   histogram: acquire, release and fence latency
 //
@@ -47,7 +47,7 @@
 //	sqlfence_cluster_consecutive_renew_failures       gauge: failed renews since the last successful one
 //	sqlfence_cluster_last_contact_age_seconds         gauge: since the database last answered; absent before it did
 //	sqlfence_cluster_acquisitions_total               counter: terms begun
-//	sqlfence_cluster_losses_total{reason}             counter: terms lost, by [cluster.Reason]: lease-taken, self-fenced
+//	sqlfence_cluster_losses_total{reason}             counter: terms lost, by cluster.Reason: lease-taken, self-fenced
 //	sqlfence_cluster_resigns_total                    counter: terms ended by Resign
 //	sqlfence_cluster_releases_total                   counter: leases released by Shutdown or Resign
 //
