@@ -53,7 +53,7 @@ func main() {
 // run joins the cluster and runs job every interval on the leader until
 // ctx is done.
 func run(ctx context.Context, node, path string, every time.Duration, job func(token uint64)) error {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		return err
 	}
