@@ -1,8 +1,8 @@
 // Command clusterctl inspects and operates the lease of a
 // github.com/sqlfence/cluster cluster through the database that holds it:
 // who leads and until when by the database clock, the members, the chain
-// tips and the recorded vault-key fingerprint; it creates, upgrades or
-// prints the cluster tables.
+// tips and the recorded vault-key fingerprint; it ends a term by force,
+// retires a lease, and creates, upgrades or prints the cluster tables.
 //
 //	Usage: clusterctl <command> [flags]
 //
@@ -11,6 +11,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"database/sql"
@@ -33,8 +34,8 @@ import (
 // Exit statuses.
 const (
 	exitOK    = 0 // done
-	exitFail  = 1 // the command failed: database unreachable, tables missing
-	exitUsage = 2 // bad usage: unknown command or flag, missing -dsn
+	exitFail  = 1 // the command failed: database unreachable, tables missing, lease held, not confirmed
+	exitUsage = 2 // bad usage: unknown command or flag, missing -dsn, release without -force
 )
 
 // EnvDSN names the environment variable -dsn defaults to.
@@ -62,6 +63,10 @@ Commands:
   tips         every chain tip: chain, lease, counter, fencing token, hash
   fingerprint  the recorded vault-key fingerprint (prefix), its rotation
                epoch, and which node recorded it when
+  release      end the current term at once, by the database clock; needs
+               -force, and asks for confirmation unless -yes
+  retire       retire the lease: no holder, fencing token kept, members
+               marked left; refused while a node holds it; asks unless -yes
   migrate      create or upgrade the cluster tables; print the schema version
   schema       print the DDL of the cluster tables (no database needed)
   help         print this text; clusterctl <command> -h describes a command
@@ -84,9 +89,11 @@ Flags:
   -node-timeout DUR   status, members: a member not seen for this long, by
                       the database clock, is not live (default 60s, the
                       library's for LeaseTTL 30s and heartbeat 10s)
+  -force              release: required
+  -yes                release, retire: do not ask for confirmation
 
 Exit status: 0 done; 1 failed (database unreachable or refusing, tables
-missing); 2 bad usage.
+missing, lease held, not confirmed); 2 bad usage.
 `
 
 // flagKind names the optional flags a command takes.
@@ -97,6 +104,8 @@ const (
 	leaseFlag                            // -lease
 	jsonFlag                             // -json
 	nodeTimeoutFlag                      // -node-timeout
+	forceFlag                            // -force
+	yesFlag                              // -yes
 )
 
 // A command is one subcommand of clusterctl.
@@ -116,6 +125,10 @@ var commands = []*command{
 		timeoutFlag | jsonFlag, runTips},
 	{"fingerprint", "Print the vault-key fingerprint the cluster recorded (its first 16 hex\ncharacters), its rotation epoch, and which node recorded it when.",
 		timeoutFlag | leaseFlag | jsonFlag, runFingerprint},
+	{"release", "End the current term of the lease at once, by the database clock. Its\nfencing token is kept: the next term gets a higher one, and the database\nrefuses fenced writes under the old one from now on. The node that held it\nstops believing it leads when its trust window closes. Needs -force; asks\nfor confirmation on stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | forceFlag | yesFlag, runRelease},
+	{"retire", "Retire the lease: its row stays, with its fencing token (a name used again\ncontinues from it), but names no holder, and its members are marked left.\nRefused while a node holds it: stop its nodes first. Asks for confirmation\non stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | yesFlag, runRetire},
 	{"migrate", "Create the cluster tables, or upgrade them to this build's schema version,\nand print the schema version. Runs no DDL when they are current.",
 		timeoutFlag | jsonFlag, runMigrate},
 	{"schema", "Print the DDL of the cluster tables for -dialect (or the dialect of -dsn)\nand -prefix, for a migration tool or a DBA. Connects to nothing.",
@@ -135,7 +148,7 @@ func lookup(name string) *command {
 type options struct {
 	dsn, dialect, prefix, lease string
 	timeout, nodeTimeout        time.Duration
-	json                        bool
+	json, force, yes            bool
 }
 
 // flagSet returns c's flags, bound to o.
@@ -157,6 +170,12 @@ func (c *command) flagSet(o *options) *flag.FlagSet {
 	if c.flags&nodeTimeoutFlag != 0 {
 		fs.DurationVar(&o.nodeTimeout, "node-timeout", defaultNodeTimeout,
 			"a member not seen for this long, by the database clock, is not live\n(the library's default for LeaseTTL 30s and heartbeat 10s)")
+	}
+	if c.flags&forceFlag != 0 {
+		fs.BoolVar(&o.force, "force", false, "required: end the term")
+	}
+	if c.flags&yesFlag != 0 {
+		fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation")
 	}
 	return fs
 }
@@ -184,6 +203,7 @@ func usagef(format string, args ...any) error {
 type env struct {
 	cmd            *command
 	opts           options
+	stdin          *bufio.Reader
 	stdout, stderr io.Writer
 	secrets        []string // what may be the DSN's password, scrubbed from errors
 
@@ -198,11 +218,11 @@ func (e *env) bounded(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 // run runs clusterctl with args and returns its exit status.
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
@@ -231,7 +251,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 
-	e := &env{cmd: c, stdout: stdout, stderr: stderr}
+	e := &env{cmd: c, stdin: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	fs := c.flagSet(&e.opts)
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -61,13 +61,14 @@ type result struct {
 	stdout, stderr string
 }
 
-// invocation is how clusterctl is run: its environment beyond the test's
-// (without $CLUSTER_DSN unless env sets it).
+// invocation is how clusterctl is run: its stdin, and its environment
+// beyond the test's (without $CLUSTER_DSN unless env sets it).
 type invocation struct {
-	env []string
+	stdin string
+	env   []string
 }
 
-// ctl runs clusterctl with args and $CLUSTER_DSN unset.
+// ctl runs clusterctl with args, nothing on stdin and $CLUSTER_DSN unset.
 func ctl(t *testing.T, args ...string) result {
 	t.Helper()
 	return invocation{}.run(t, args...)
@@ -84,6 +85,7 @@ func (in invocation) run(t *testing.T, args ...string) result {
 		}
 	}
 	cmd.Env = append(cmd.Env, in.env...)
+	cmd.Stdin = strings.NewReader(in.stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -166,7 +168,7 @@ func TestUsage(t *testing.T) {
 		{"help", []string{"help"}, exitOK, "Usage: clusterctl <command> [flags]", ""},
 		{"-h", []string{"-h"}, exitOK, "Usage: clusterctl <command> [flags]", ""},
 		{"--help", []string{"--help"}, exitOK, "Usage: clusterctl <command> [flags]", ""},
-		{"help of a command", []string{"help", "migrate"}, exitOK, "Usage: clusterctl migrate [flags]", ""},
+		{"help of a command", []string{"help", "release"}, exitOK, "Usage: clusterctl release [flags]", ""},
 		{"command -h", []string{"status", "-h"}, exitOK, "-node-timeout", ""},
 		{"unknown command", []string{"bogus"}, exitUsage, "", `unknown command "bogus"`},
 		{"help of an unknown command", []string{"help", "bogus"}, exitUsage, "", `unknown command "bogus"`},
@@ -180,6 +182,7 @@ func TestUsage(t *testing.T) {
 		{"bad prefix", []string{"status", "-prefix", "Cluster-", "-dsn", sqliteDSN}, exitUsage, "", `-prefix "Cluster-"`},
 		{"bad timeout", []string{"members", "-node-timeout", "0s", "-dsn", sqliteDSN}, exitUsage, "", "-node-timeout"},
 		{"schema without a dialect", []string{"schema"}, exitUsage, "", "set -dialect"},
+		{"release without -force", []string{"release", "-dsn", sqliteDSN}, exitUsage, "", "without -force"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := ctl(t, tc.args...)
@@ -227,7 +230,7 @@ func TestSchema(t *testing.T) {
 func TestMigrate(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		in := invocation{env: []string{EnvDSN + "=" + tg.DSN}}
-		for _, cmd := range []string{"status", "members", "tips", "fingerprint"} {
+		for _, cmd := range []string{"status", "members", "tips", "fingerprint", "retire"} {
 			failed(t, in.run(t, cmd, "-prefix", tg.Prefix), exitFail, "clusterctl migrate")
 		}
 
@@ -257,8 +260,10 @@ func TestMigrate(t *testing.T) {
 }
 
 // status -json against three running nodes names the leader they agree
-// on, and lists them live.
-func TestStatus(t *testing.T) {
+// on; release -force ends its term and a node takes over with a higher
+// token; retire is refused while the lease is held and works once the
+// nodes stopped, keeping the token.
+func TestStatusReleaseRetire(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		nodes := []*cluster.Cluster{startNode(t, tg, "node-a"), startNode(t, tg, "node-b"), startNode(t, tg, "node-c")}
 
@@ -335,6 +340,82 @@ func TestStatus(t *testing.T) {
 			if m.Live && m.LastSeenAgoMs >= 1 {
 				t.Errorf("member %s seen %dms ago is live with -node-timeout 1ms", m.NodeID, m.LastSeenAgoMs)
 			}
+		}
+
+		// release needs -force, and asks.
+		failed(t, ctl(t, on(tg, "release")...), exitUsage, "without -force")
+		r := invocation{stdin: "n\n"}.run(t, on(tg, "release", "-force")...)
+		failed(t, r, exitFail, fmt.Sprintf("Expire lease %q held by node %q (token %d)? [y/N]", "leader", leader.NodeID(), token), "not confirmed")
+		if !leader.IsLeader() || leader.FencingToken() != token {
+			t.Fatalf("the term ended though the release was not confirmed")
+		}
+		rel := decode[releaseJSON](t, ctl(t, on(tg, "release", "-force", "-yes", "-json")...))
+		if want := (releaseJSON{Lease: "leader", Released: true, NodeID: leader.NodeID(), FencingToken: token}); rel != want {
+			t.Errorf("release -force -yes -json = %+v, want %+v", rel, want)
+		}
+		leader = leaderAbove(t, token, nodes...)
+		token = leader.FencingToken()
+		r = invocation{stdin: "y\n"}.run(t, on(tg, "release", "-force")...)
+		if out := ok(t, r); !strings.Contains(out, fmt.Sprintf("released lease %q: the term of node %q (token %d)", "leader", leader.NodeID(), token)) {
+			t.Errorf("release -force answered y printed %q", out)
+		}
+		leader = leaderAbove(t, token, nodes...)
+		token = leader.FencingToken()
+
+		// retire is refused while the lease is held, before it asks.
+		failed(t, ctl(t, on(tg, "retire", "-yes")...), exitFail, "is held by node")
+		r = invocation{stdin: "y\n"}.run(t, on(tg, "retire")...)
+		failed(t, r, exitFail, "is held by node")
+		if strings.Contains(r.stderr, "[y/N]") {
+			t.Errorf("retire asked though the lease is held")
+		}
+
+		// Stopped nodes release the lease; retire then works and keeps
+		// the token.
+		for _, n := range nodes {
+			if err := n.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s = decode[statusJSON](t, ctl(t, on(tg, "status", "-json")...))
+		if s.Leader != nil || s.FencingToken < token {
+			t.Fatalf("status -json after shutdown = %+v, want no leader and token %d or more", s, token)
+		}
+		last := s.FencingToken
+		out = ok(t, invocation{stdin: "yes\n"}.run(t, on(tg, "retire")...))
+		if want := fmt.Sprintf("retired lease %q: no holder, its members marked left; fencing token %d kept, so its next term gets %d", "leader", last, last+1); !strings.Contains(out, want) {
+			t.Errorf("retire printed %q, want %q", out, want)
+		}
+		ret := decode[retireJSON](t, ctl(t, on(tg, "retire", "-yes", "-json")...))
+		if want := (retireJSON{Lease: "leader", Retired: true, FencingToken: last}); ret != want {
+			t.Errorf("retire -yes -json = %+v, want %+v", ret, want)
+		}
+		s = decode[statusJSON](t, ctl(t, on(tg, "status", "-json")...))
+		if s.Leader != nil || s.FencingToken != last || len(s.Members) != 3 {
+			t.Fatalf("status -json after retire = %+v, want no leader, token %d, three members", s, last)
+		}
+		for _, m := range s.Members {
+			if m.Status != "left" || m.Live || m.Leader {
+				t.Errorf("member after retire = %+v, want left, not live, not leader", m.Member)
+			}
+		}
+		out = ok(t, ctl(t, on(tg, "status")...))
+		if want := "none: the lease is free"; !strings.Contains(out, want) {
+			t.Errorf("status after retire does not say %q:\n%s", want, out)
+		}
+		if out := ok(t, ctl(t, on(tg, "release", "-force", "-yes")...)); !strings.Contains(out, "not held") {
+			t.Errorf("release of a free lease printed %q", out)
+		}
+
+		// The token history is kept: the next term continues from it.
+		d := startNode(t, tg, "node-d")
+		waitFor(t, "node-d to lead", d.IsLeader)
+		if got := d.FencingToken(); got != last+1 {
+			t.Errorf("a new node's token after retire = %d, want %d", got, last+1)
+		}
+		s = decode[statusJSON](t, ctl(t, on(tg, "status", "-json")...))
+		if s.Leader == nil || s.Leader.NodeID != "node-d" || s.Leader.FencingToken != last+1 || len(s.Members) != 4 {
+			t.Errorf("status -json with node-d = %+v, want node-d leading with token %d among four members", s, last+1)
 		}
 	})
 }

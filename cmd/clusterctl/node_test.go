@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,6 +59,23 @@ func soleLeader(t *testing.T, nodes ...*cluster.Cluster) *cluster.Cluster {
 			}
 		}
 		return leader != nil
+	})
+	return leader
+}
+
+// leaderAbove waits until one of nodes leads with a fencing token above
+// token and returns it.
+func leaderAbove(t *testing.T, token uint64, nodes ...*cluster.Cluster) *cluster.Cluster {
+	t.Helper()
+	var leader *cluster.Cluster
+	waitFor(t, fmt.Sprintf("a leader with a token above %d", token), func() bool {
+		for _, n := range nodes {
+			if n.IsLeader() && n.FencingToken() > token {
+				leader = n
+				return true
+			}
+		}
+		return false
 	})
 	return leader
 }
