@@ -1,0 +1,324 @@
+// Command clusterctl inspects and operates the lease of a
+// github.com/sqlfence/cluster cluster through the database that holds it:
+// who leads and until when by the database clock, the members, the chain
+// tips and the recorded vault-key fingerprint; it ends a term by force,
+// retires a lease, and creates, upgrades or prints the cluster tables.
+//
+//	Usage: clusterctl <command> [flags]
+//
+// Run clusterctl help for the commands, flags and exit statuses, and
+// clusterctl <command> -h for one command.
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/sqlfence/cluster"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0 // done
+	exitFail  = 1 // the command failed: database unreachable, tables missing, lease held, not confirmed
+	exitUsage = 2 // bad usage: unknown command or flag, missing -dsn, release without -force
+)
+
+// EnvDSN names the environment variable -dsn defaults to.
+const EnvDSN = "CLUSTER_DSN"
+
+// Flag defaults.
+const (
+	defaultTimeout = 10 * time.Second
+	// defaultNodeTimeout is how long a member may go unseen before it is
+	// not live, as the library computes it for its default timings:
+	// LeaseTTL (30s) plus three heartbeats (10s each).
+	defaultNodeTimeout = cluster.DefaultLeaseTTL + 3*cluster.DefaultHeartbeatInterval
+)
+
+const usage = `Usage: clusterctl <command> [flags]
+
+Inspect and operate the lease of a github.com/sqlfence/cluster cluster
+through the database that holds it. Flags go after the command.
+
+Commands:
+  status       the leader (node, endpoint, fencing token, expiry by the
+               database clock and time left), then the members
+  members      the members: node, instance, host, pid, status, live,
+               leader, last seen
+  tips         every chain tip: chain, lease, counter, fencing token, hash
+  fingerprint  the recorded vault-key fingerprint (prefix), its rotation
+               epoch, and which node recorded it when
+  release      end the current term at once, by the database clock; needs
+               -force, and asks for confirmation unless -yes
+  retire       retire the lease: no holder, fencing token kept, members
+               marked left; refused while a node holds it; asks unless -yes
+  migrate      create or upgrade the cluster tables; print the schema version
+  schema       print the DDL of the cluster tables (no database needed)
+  help         print this text; clusterctl <command> -h describes a command
+
+Flags:
+  -dsn DSN            the database (default $CLUSTER_DSN):
+                        postgres://user:pass@host:5432/db   (pgx)
+                        user:pass@tcp(host:3306)/db         (MySQL/MariaDB)
+                        file:/path/app.db or /path/app.db   (SQLite; a
+                        busy_timeout of 5s is added unless the DSN sets one)
+  -dialect NAME       postgres, mysql or sqlite (default: from the DSN's
+                      shape: postgres:// or postgresql://; file: or a path
+                      ending in .db or .sqlite; user@tcp(host:port)/db)
+  -prefix PREFIX      prefix of the cluster tables (default "cluster_")
+  -lease NAME         lease name (default "leader"); not for tips, migrate,
+                      schema
+  -timeout DURATION   bound on the command's database work (default 10s);
+                      not for schema
+  -json               print one JSON document; not for schema
+  -node-timeout DUR   status, members: a member not seen for this long, by
+                      the database clock, is not live (default 60s, the
+                      library's for LeaseTTL 30s and heartbeat 10s)
+  -force              release: required
+  -yes                release, retire: do not ask for confirmation
+
+Exit status: 0 done; 1 failed (database unreachable or refusing, tables
+missing, lease held, not confirmed); 2 bad usage.
+`
+
+// flagKind names the optional flags a command takes.
+type flagKind uint
+
+const (
+	timeoutFlag     flagKind = 1 << iota // -timeout (every command that connects)
+	leaseFlag                            // -lease
+	jsonFlag                             // -json
+	nodeTimeoutFlag                      // -node-timeout
+	forceFlag                            // -force
+	yesFlag                              // -yes
+)
+
+// A command is one subcommand of clusterctl.
+type command struct {
+	name  string
+	about string // what it does, for clusterctl <command> -h
+	flags flagKind
+	run   func(ctx context.Context, e *env) error
+}
+
+var commands = []*command{
+	{"status", "Print the leader (node, endpoint, fencing token, expiry by the database clock\nand time left), then the members.",
+		timeoutFlag | leaseFlag | jsonFlag | nodeTimeoutFlag, runStatus},
+	{"members", "Print the members of the lease: node, instance, host, pid, status, live,\nleader, and how long ago the database last saw them.",
+		timeoutFlag | leaseFlag | jsonFlag | nodeTimeoutFlag, runMembers},
+	{"tips", "Print every chain tip: chain, lease, counter, fencing token, hash (prefix).",
+		timeoutFlag | jsonFlag, runTips},
+	{"fingerprint", "Print the vault-key fingerprint the cluster recorded (its first 16 hex\ncharacters), its rotation epoch, and which node recorded it when.",
+		timeoutFlag | leaseFlag | jsonFlag, runFingerprint},
+	{"release", "End the current term of the lease at once, by the database clock. Its\nfencing token is kept: the next term gets a higher one, and the database\nrefuses fenced writes under the old one from now on. The node that held it\nstops believing it leads when its trust window closes. Needs -force; asks\nfor confirmation on stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | forceFlag | yesFlag, runRelease},
+	{"retire", "Retire the lease: its row stays, with its fencing token (a name used again\ncontinues from it), but names no holder, and its members are marked left.\nRefused while a node holds it: stop its nodes first. Asks for confirmation\non stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | yesFlag, runRetire},
+	{"migrate", "Create the cluster tables, or upgrade them to this build's schema version,\nand print the schema version. Runs no DDL when they are current.",
+		timeoutFlag | jsonFlag, runMigrate},
+	{"schema", "Print the DDL of the cluster tables for -dialect (or the dialect of -dsn)\nand -prefix, for a migration tool or a DBA. Connects to nothing.",
+		0, runSchema},
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// options are the values of the flags.
+type options struct {
+	dsn, dialect, prefix, lease string
+	timeout, nodeTimeout        time.Duration
+	json, force, yes            bool
+}
+
+// flagSet returns c's flags, bound to o.
+func (c *command) flagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("clusterctl "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.dsn, "dsn", "", "the database `DSN` (default $"+EnvDSN+")")
+	fs.StringVar(&o.dialect, "dialect", "", "postgres, mysql or sqlite (default: from the DSN's shape)")
+	fs.StringVar(&o.prefix, "prefix", cluster.DefaultTablePrefix, "`prefix` of the cluster tables")
+	if c.flags&leaseFlag != 0 {
+		fs.StringVar(&o.lease, "lease", cluster.DefaultLeaseName, "lease `name`")
+	}
+	if c.flags&timeoutFlag != 0 {
+		fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "bound on the command's database work")
+	}
+	if c.flags&jsonFlag != 0 {
+		fs.BoolVar(&o.json, "json", false, "print one JSON document")
+	}
+	if c.flags&nodeTimeoutFlag != 0 {
+		fs.DurationVar(&o.nodeTimeout, "node-timeout", defaultNodeTimeout,
+			"a member not seen for this long, by the database clock, is not live\n(the library's default for LeaseTTL 30s and heartbeat 10s)")
+	}
+	if c.flags&forceFlag != 0 {
+		fs.BoolVar(&o.force, "force", false, "required: end the term")
+	}
+	if c.flags&yesFlag != 0 {
+		fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation")
+	}
+	return fs
+}
+
+func (c *command) printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: clusterctl %s [flags]\n\n%s\n\nFlags:\n", c.name, c.about)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// A usageError is bad usage: exit status 2.
+type usageError struct {
+	msg       string
+	showUsage bool // print the command's usage after msg
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// env is what a command runs with.
+type env struct {
+	cmd            *command
+	opts           options
+	stdin          *bufio.Reader
+	stdout, stderr io.Writer
+	secrets        []string // what may be the DSN's password, scrubbed from errors
+
+	dialect cluster.Dialect
+	db      *sql.DB
+	p       *cluster.DBProvider
+}
+
+// bounded returns ctx bounded by -timeout.
+func (e *env) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, e.opts.timeout)
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run runs clusterctl with args and returns its exit status.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			c := lookup(args[1])
+			if c == nil {
+				fmt.Fprintf(stderr, "clusterctl: unknown command %q\n\n%s", args[1], usage)
+				return exitUsage
+			}
+			c.printUsage(stdout, c.flagSet(new(options)))
+			return exitOK
+		}
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	c := lookup(args[0])
+	if c == nil {
+		if strings.HasPrefix(args[0], "-") {
+			fmt.Fprintf(stderr, "clusterctl: flags go after the command, not before it (%s)\n\n%s", args[0], usage)
+		} else {
+			fmt.Fprintf(stderr, "clusterctl: unknown command %q\n\n%s", args[0], usage)
+		}
+		return exitUsage
+	}
+
+	e := &env{cmd: c, stdin: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
+	fs := c.flagSet(&e.opts)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			c.printUsage(stdout, fs)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "clusterctl %s: %v\n\n", c.name, err)
+		c.printUsage(stderr, fs)
+		return exitUsage
+	}
+	e.opts.dsn = cmp.Or(e.opts.dsn, os.Getenv(EnvDSN))
+	e.secrets = secrets(e.opts.dsn)
+	err := e.check(fs)
+	if err == nil {
+		err = e.runCommand()
+	}
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "clusterctl %s: %s\n", c.name, redact(ue.msg, e.secrets))
+		if ue.showUsage {
+			fmt.Fprintln(stderr)
+			c.printUsage(stderr, fs)
+		}
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "clusterctl: %s\n", redact(err.Error(), e.secrets))
+		return exitFail
+	}
+}
+
+// check validates the flags that need no database.
+func (e *env) check(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0)), showUsage: true}
+	}
+	if e.cmd.flags&leaseFlag != 0 && e.opts.lease == "" {
+		return usagef("-lease is empty")
+	}
+	if e.cmd.flags&timeoutFlag != 0 && e.opts.timeout <= 0 {
+		return usagef("-timeout (%v) must be positive", e.opts.timeout)
+	}
+	if e.cmd.flags&nodeTimeoutFlag != 0 && e.opts.nodeTimeout <= 0 {
+		return usagef("-node-timeout (%v) must be positive", e.opts.nodeTimeout)
+	}
+	return nil
+}
+
+// runCommand runs the command, quietly: the library's log records are
+// about the nodes' roles and timings, not clusterctl's, so only errors
+// reach stderr.
+func (e *env) runCommand() error {
+	slog.SetDefault(slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	mysql.SetLogger(quietLogger{})
+	defer func() {
+		if e.db != nil {
+			e.db.Close()
+		}
+	}()
+	return e.cmd.run(context.Background(), e)
+}
+
+// quietLogger discards go-sql-driver/mysql's log lines (a connection
+// dropped, say), which would break clusterctl's one-line errors; the
+// error itself is returned.
+type quietLogger struct{}
+
+func (quietLogger) Print(...any) {}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sqlfence/cluster"
+)
+
+// table returns an aligned writer on stdout; Flush it.
+func (e *env) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+}
+
+// printJSON prints v as one indented JSON document.
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// stamp formats a time read from the database, in UTC to the millisecond.
+func stamp(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+// span formats a duration at a precision fit for its size: 850ms, 4.2s,
+// 1m5s.
+func span(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + span(-d)
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// prefix returns the first n bytes of s.
+func prefix(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// memberJSON is a member as -json prints it: the library's Member JSON
+// (nodeId, instance, host, pid, endpoint, startedAt, lastSeen, status,
+// live, leader) and how long ago the database last saw it.
+type memberJSON struct {
+	cluster.Member
+	LastSeenAgoMs int64 `json:"lastSeenAgoMs"`
+}
+
+func membersJSON(ms []cluster.Member, now time.Time) []memberJSON {
+	out := make([]memberJSON, 0, len(ms))
+	for _, m := range ms {
+		m.StartedAt, m.LastSeen = m.StartedAt.UTC(), m.LastSeen.UTC()
+		out = append(out, memberJSON{Member: m, LastSeenAgoMs: now.Sub(m.LastSeen).Milliseconds()})
+	}
+	return out
+}
+
+// printMembers prints the members as a table.
+func (e *env) printMembers(ms []cluster.Member, now time.Time) error {
+	if len(ms) == 0 {
+		_, err := fmt.Fprintf(e.stdout, "no members of lease %q recorded\n", e.opts.lease)
+		return err
+	}
+	w := e.table()
+	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLAST SEEN")
+	for _, m := range ms {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s ago\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
+			m.Status, yesNo(m.Live), yesNo(m.Leader), span(max(now.Sub(m.LastSeen), 0)))
+	}
+	return w.Flush()
+}
