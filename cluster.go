@@ -59,11 +59,13 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members      MemberStore // nil when the provider keeps no membership
-	heartbeating atomic.Bool // the heartbeat (or a follower's watch) runs
-	joined       atomic.Bool // this node's membership row is active
-	haltedFlag   atomic.Bool // halted is set; readable from any goroutine
-	steps        int         // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	members      MemberStore   // nil when the provider keeps no membership
+	wake         chan struct{} // a release was heard: try now
+	hearing      atomic.Bool   // releases by other processes are heard (LISTEN)
+	heartbeating atomic.Bool   // the heartbeat (or a follower's watch) runs
+	joined       atomic.Bool   // this node's membership row is active
+	haltedFlag   atomic.Bool   // halted is set; readable from any goroutine
+	steps        int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -192,6 +194,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	}
 	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
+	c.wake = make(chan struct{}, 1)
 	c.lookupCtx, c.stopLookups = context.WithCancel(context.Background())
 	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
 	c.downCh = make(chan struct{})
@@ -252,6 +255,10 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		first := c.step(ctx)
 		if c.halted != nil {
 			return fail(c.halted)
+		}
+		if w, ok := c.provider.(ReleaseWatcher); ok && !cfg.PollOnly {
+			c.wg.Add(1)
+			go c.watchReleases(loopCtx, w)
 		}
 		c.wg.Add(1)
 		c.heartbeating.Store(true)

@@ -172,6 +172,13 @@ type Config struct {
 	// error for a longer prefix gives it.
 	TablePrefix string
 
+	// PollOnly turns off listening for lease releases (PostgreSQL LISTEN,
+	// with clusterpgx's providers): followers then poll every heartbeat.
+	// Set it behind a transaction pooler such as PgBouncer in transaction
+	// mode, where LISTEN cannot work. Releases within one process are
+	// still heard.
+	PollOnly bool
+
 	// SkipMigrations makes New run no DDL: it checks that the cluster
 	// tables exist at this build's [SchemaVersion] and fails with
 	// [ErrSchema], saying what to run, if they do not. Set it when the

@@ -78,6 +78,7 @@ type queries struct {
 	LeaseExpire     string `sql:"lease_expire"`     // name
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
+	StoreIdentity   string `sql:"store_identity"`   // (none)
 }
 
 // loadQueries fills the string fields of the struct dst points to, and

@@ -135,6 +135,11 @@ func (it *rowIter) next() bool             { return it.r.Next() }
 func (it *rowIter) scan(dest ...any) error { return it.r.Scan(dest...) }
 func (it *rowIter) close() error           { return errors.Join(it.r.Err(), it.r.Close()) }
 
+// SQLPool returns the [Pool] over a database/sql pool that [NewDBProvider]
+// uses, for a Pool of another package to build on (clusterpgx adds LISTEN
+// to it).
+func SQLPool(db *sql.DB) Pool { return sqlPool{db} }
+
 // sqlPool is a Pool over a database/sql pool.
 type sqlPool struct{ db *sql.DB }
 

@@ -34,13 +34,29 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		case <-c.wake:
+			// Another node released the lease. A leader has nothing to do;
+			// a follower makes one attempt now, after a jitter of up to 2ms
+			// so the followers do not all hit the row at once.
+			if c.term.Load() != nil || c.retiring.Load() != nil {
+				continue
+			}
+			timer.Stop() // since Go 1.23 no stale tick can follow; Reset below rearms it
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wakeJitter()):
+			}
 		}
+		// The membership refresh comes before the lease statement, so the
+		// time right after a renew is quiet (on SQLite, a process stopped
+		// then holds no write lock).
+		c.refreshMembership(ctx, true)
 		wait := c.step(ctx)
 		if c.halted != nil {
 			c.haltedFlag.Store(true)
 			return
 		}
-		c.refreshMembership(ctx, true)
 		timer.Reset(wait)
 	}
 }
@@ -236,7 +252,13 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			c.log.WarnContext(ctx, "cluster: another process with this node id holds the lease; waiting for it to end (is the node id unique?)",
 				"holder_instance", held.Instance, "instance", c.instance, "fencing_token", held.FencingToken)
 		}
-		return min(max(held.Remaining+time.Millisecond, time.Millisecond), c.cfg.HeartbeatInterval)
+		next := max(held.Remaining+time.Millisecond, time.Millisecond)
+		if c.hearing.Load() {
+			// A release will be heard: try again only when the lease is due
+			// to expire by the database clock, at most one TTL from now.
+			return min(next, c.cfg.LeaseTTL)
+		}
+		return min(next, c.cfg.HeartbeatInterval)
 
 	case errors.Is(err, ErrRollbackDetected):
 		// The database refused to grant a token below one it granted before

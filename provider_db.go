@@ -39,6 +39,8 @@ type DBProvider struct {
 	q      *queries
 	prefix string
 	log    *slog.Logger
+	// identity names the database for in-process wake-ups; set by Init.
+	identity string
 }
 
 var (
@@ -50,6 +52,7 @@ var (
 	_ StateStore       = (*DBProvider)(nil)
 	_ SchemaChecker    = (*DBProvider)(nil)
 	_ MemberStore      = (*DBProvider)(nil)
+	_ ReleaseWatcher   = (*DBProvider)(nil)
 )
 
 // A Pool gives [DBProvider] connections of any driver. Conn returns a
@@ -125,6 +128,7 @@ func (p *DBProvider) Init(ctx context.Context) error {
 	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
+	p.readIdentity(ctx, conn)
 	have, err := p.schemaVersion(ctx, conn)
 	if err != nil || have == SchemaVersion {
 		return err
@@ -152,6 +156,7 @@ func (p *DBProvider) CheckSchema(ctx context.Context) error {
 	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
+	p.readIdentity(ctx, conn)
 	have, err := p.schemaVersion(ctx, conn)
 	if err != nil || have == SchemaVersion {
 		return err
@@ -185,6 +190,15 @@ func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
 	version := strings.Replace(dl.queries().VersionWrite, "$1", strconv.Itoa(SchemaVersion), 1)
 	version = strings.Replace(strings.Replace(version, "?1", strconv.Itoa(SchemaVersion), 1), "?", strconv.Itoa(SchemaVersion), 1)
 	return src + "\n-- Records the schema version New checks.\n" + version + ";\n", nil
+}
+
+// readIdentity names the database, for in-process wake-ups; a failure
+// only costs those.
+func (p *DBProvider) readIdentity(ctx context.Context, conn Querier) {
+	var id sql.NullString
+	if err := conn.QueryRow(ctx, p.q.StoreIdentity).Scan(&id); err == nil && id.Valid {
+		p.identity = string(p.d.name()) + ":" + id.String
+	}
 }
 
 // schemaVersion reads the recorded schema version without taking a lock:
@@ -298,14 +312,22 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	return l, nil
 }
 
-// Release implements [Provider].
+// Release implements [Provider]. It wakes the followers that listen.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	return p.exec(ctx, "release lease "+quote(l.Name), p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	err := p.exec(ctx, "release lease "+quote(l.Name), p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	if err == nil {
+		p.announce(l.Name, l.Instance)
+	}
+	return err
 }
 
 // ReleaseInstance implements [InstanceReleaser].
 func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
-	return p.exec(ctx, "release lease "+quote(name), p.q.ReleaseInstance, name, holder, instance)
+	err := p.exec(ctx, "release lease "+quote(name), p.q.ReleaseInstance, name, holder, instance)
+	if err == nil {
+		p.announce(name, instance)
+	}
+	return err
 }
 
 // exec runs a lease statement, bounded on the server, on a connection of
@@ -602,6 +624,9 @@ func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error
 	n, err := conn.Exec(ctx, p.d.bound(p.q.LeaseExpire, statementLimit(ctx)), name)
 	if err != nil {
 		return false, p.wrap("release lease "+quote(name), err)
+	}
+	if n == 1 {
+		p.announce(name, "")
 	}
 	return n == 1, nil
 }

@@ -82,6 +82,11 @@ type Stats struct {
 	// LastContact is how long ago the database last answered a lease
 	// statement of this node (any answer but an error), or -1 if never.
 	LastContact time.Duration
+	// HearingReleases reports that this node hears lease releases made by
+	// other processes at once (PostgreSQL LISTEN through clusterpgx's
+	// providers), so as a follower it polls only when the lease is due to
+	// expire; false means it polls every heartbeat.
+	HearingReleases bool
 
 	Acquisitions uint64 // terms this node began
 	LossesTaken  uint64 // terms that ended because another term took the lease (lease-lost, lease-taken)
@@ -108,6 +113,7 @@ func (c *Cluster) Stats() Stats {
 		LastRenewLatency:         time.Duration(c.stats.renewLatency.Load()),
 		ConsecutiveRenewFailures: int(c.stats.renewFailures.Load()),
 		LastContact:              -1,
+		HearingReleases:          c.hearing.Load(),
 		Acquisitions:             c.stats.acquisitions.Load(),
 		LossesTaken:              c.stats.lossesTaken.Load(),
 		SelfFences:               c.stats.selfFences.Load(),

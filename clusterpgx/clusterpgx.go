@@ -111,8 +111,41 @@ func (r pgxRows) Close() error {
 	return r.Rows.Err()
 }
 
-// poolAdapter is a cluster.Pool over a pgxpool.
+// poolAdapter is a cluster.Pool over a pgxpool; it can LISTEN.
 type poolAdapter struct{ p *pgxpool.Pool }
+
+var _ cluster.ListenPool = poolAdapter{}
+
+// Listen implements [cluster.ListenPool] on a connection taken out of the
+// pool for good (hijacked) and closed when Listen returns, so no pooled
+// connection is left listening.
+func (a poolAdapter) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
+	pc, err := a.p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	return listen(ctx, conn, channel, ready, notify)
+}
+
+// listen LISTENs on conn until ctx is done (nil) or conn fails.
+func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), notify func(string)) error {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return err
+	}
+	ready()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		notify(n.Payload)
+	}
+}
 
 // Conn acquires a connection, telling an exhausted pool apart from a slow
 // server: a leader whose renews wait for a connection self-fences.

@@ -228,3 +228,8 @@ WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00
 -- name: nodes_retire
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?;
+
+-- name: store_identity
+-- args: none. Names the database, so nodes in one process that reach it
+-- through different pools wake each other on a release.
+SELECT CONCAT(@@hostname, ':', @@port, '/', DATABASE());

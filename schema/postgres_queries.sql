@@ -59,26 +59,34 @@ WHERE l.name = $2 AND l.holder = $3 AND l.instance = $4 AND l.fencing_token = $5
 RETURNING l.expires_at;
 
 -- name: release
--- args: name, holder, instance, token.
+-- args: name, holder, instance, token. A release that ends a term tells
+-- the listening followers at once (NOTIFY on channel {{prefix}}lease, the
+-- lease name as payload; delivered when the statement commits).
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), released AS (
+    UPDATE {{prefix}}lease AS l
+    SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
+      AND l.expires_at > c.now_ms
+    RETURNING l.name
 )
-UPDATE {{prefix}}lease AS l
-SET renewed_at = c.now_ms, expires_at = c.now_ms
-FROM clock c
-WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
-  AND l.expires_at > c.now_ms;
+SELECT pg_notify('{{prefix}}lease', name) FROM released;
 
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), released AS (
+    UPDATE {{prefix}}lease AS l
+    SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
+      AND l.expires_at > c.now_ms
+    RETURNING l.name
 )
-UPDATE {{prefix}}lease AS l
-SET renewed_at = c.now_ms, expires_at = c.now_ms
-FROM clock c
-WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
-  AND l.expires_at > c.now_ms;
+SELECT pg_notify('{{prefix}}lease', name) FROM released;
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -207,9 +215,16 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 
 -- name: lease_expire
 -- args: name. An operator ends the current term at once (clusterctl
--- release -force); the token is kept.
-UPDATE {{prefix}}lease SET renewed_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, expires_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-WHERE name = $1 AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+-- release -force); the token is kept; the followers are told.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), expired AS (
+    UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.expires_at > c.now_ms
+    RETURNING l.name
+)
+SELECT pg_notify('{{prefix}}lease', name) FROM expired;
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
@@ -220,3 +235,8 @@ WHERE name = $1 AND expires_at <= floor(extract(epoch FROM clock_timestamp()) * 
 -- name: nodes_retire
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
+
+-- name: store_identity
+-- args: none. Names the database, so nodes in one process that reach it
+-- through different pools wake each other on a release.
+SELECT current_database() || '@' || COALESCE(host(inet_server_addr()), 'local') || ':' || COALESCE(inet_server_port(), 0)::text;

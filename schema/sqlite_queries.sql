@@ -182,3 +182,8 @@ WHERE name = ?1 AND expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER);
 -- name: nodes_retire
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?1;
+
+-- name: store_identity
+-- args: none. The database file, so nodes in one process that share it
+-- through different pools wake each other on a release.
+SELECT file FROM pragma_database_list WHERE name = 'main';

@@ -1,0 +1,112 @@
+package clusterpgx_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// longPoll gives followers a poll so slow that a takeover within a fraction
+// of it can only come from a notification.
+func longPoll(c *cluster.Config) {
+	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 6*time.Second, 2*time.Second, 4*time.Second
+}
+
+// expireQuietly ends the current term in the database without telling
+// anyone: no NOTIFY, no in-process wake-up.
+func expireQuietly(t *testing.T, pool *pgxpool.Pool, tg testdb.Target) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), "UPDATE "+tg.Prefix+"lease SET expires_at = 0"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A follower that LISTENs takes over as soon as a release is notified,
+// long before its next poll; when its listening connection is killed it
+// polls every heartbeat again, and listens again once it can.
+func TestNotifyHandoffAndPollingFallback(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 0)
+	attempts := make(chan time.Time, 64) // a's refused acquisitions
+	a := node(t, tg, newPool(t, tg, 0), "a", func(c *cluster.Config) {
+		longPoll(c)
+		c.Observer = func(o cluster.Operation) {
+			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
+				select {
+				case attempts <- time.Now():
+				default:
+				}
+			}
+		}
+	})
+	b := node(t, tg, newPool(t, tg, 0), "b", longPoll)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
+	// b has just learnt that a leads: its next poll is a TTL away.
+	time.Sleep(100 * time.Millisecond) // let b's first attempt, made at start, land
+	expireQuietly(t, admin, tg)
+	if _, err := admin.Exec(ctx, "SELECT pg_notify($1, 'leader')", tg.Prefix+"lease"); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, time.Second, "b to take over on the notification", b.IsLeader)
+	t.Logf("b led %v after the notification (its poll: up to %v)", took.Round(time.Millisecond), 6*time.Second)
+
+	waitFor(t, 5*time.Second, "a to learn it lost the lease", func() bool { return !a.IsLeader() })
+
+	// Keep killing the listening connections: a, now a follower, polls
+	// every heartbeat while it cannot listen.
+	killCtx, stopKilling := context.WithCancel(ctx)
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for killCtx.Err() == nil {
+			admin.Exec(killCtx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1", `LISTEN "`+tg.Prefix+`lease"`)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	defer func() { stopKilling(); <-killed }()
+	waitFor(t, 2*time.Second, "a to stop hearing", func() bool { return !a.Stats().HearingReleases })
+	time.Sleep(500 * time.Millisecond) // past the attempt made when it stopped hearing
+	for len(attempts) > 0 {
+		<-attempts
+	}
+	next := func() time.Time {
+		select {
+		case at := <-attempts:
+			return at
+		case <-time.After(4 * time.Second):
+			t.Fatal("a made no attempt within 4s: it is not polling every heartbeat")
+		}
+		return time.Time{}
+	}
+	first := next()
+	gap := next().Sub(first)
+	t.Logf("a tries every %v without a listener (heartbeat 2s, TTL 6s)", gap.Round(time.Millisecond))
+	if gap > 2500*time.Millisecond {
+		t.Fatalf("a tries every %v without a listener, want at least once a heartbeat (2s)", gap)
+	}
+	stopKilling()
+	<-killed
+	waitFor(t, 5*time.Second, "the listeners to come back", func() bool { return b.Stats().HearingReleases })
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start)
+}
