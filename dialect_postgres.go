@@ -101,6 +101,8 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
 	case code == "42601":
 		return nil, "syntax error: is Dialect right for this database?", ""
+	case code == "26000" || code == "42P05":
+		return nil, "a prepared statement went missing: behind a transaction pooler (PgBouncer before 1.21) add default_query_exec_mode=exec to the DSN (README, PgBouncer)", ""
 	case code == "55P03":
 		return nil, "lock_timeout: a transaction held the cluster tables for too long", ""
 	case code == "57014":

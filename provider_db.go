@@ -192,6 +192,29 @@ func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
 	return src + "\n-- Records the schema version New checks.\n" + version + ";\n", nil
 }
 
+// SchemaVersion reads the schema version the cluster tables record: 0
+// when they are missing. It runs no DDL and takes no lock; a version newer
+// than this build's [SchemaVersion] is returned with an error wrapping
+// [ErrSchema]. For operators (clusterctl).
+func (p *DBProvider) SchemaVersion(ctx context.Context) (int64, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var have sql.NullInt64
+	if err := conn.QueryRow(ctx, p.q.VersionRead).Scan(&have); err != nil {
+		if errors.Is(p.wrap("", err), ErrSchema) {
+			return 0, nil
+		}
+		return 0, p.wrap("read schema version", err)
+	}
+	if have.Int64 > SchemaVersion {
+		return have.Int64, fmt.Errorf("%w: table %sschema_version records version %d, newer than the %d this build knows", ErrSchema, p.prefix, have.Int64, SchemaVersion)
+	}
+	return have.Int64, nil
+}
+
 // readIdentity names the database, for in-process wake-ups; a failure
 // only costs those.
 func (p *DBProvider) readIdentity(ctx context.Context, conn Querier) {
