@@ -46,6 +46,8 @@ type dialect interface {
 	// seenByLease reports whether acquire and renew also refresh the
 	// node's membership row, in the same statement.
 	seenByLease() bool
+	// notifies reports whether a release NOTIFYs listeners.
+	notifies() bool
 }
 
 // queries are the statements of the default provider that every dialect

@@ -216,3 +216,5 @@ func statementLimit(ctx context.Context) time.Duration {
 const defaultStatementLimit = 10 * time.Second
 
 func (d *mySQL) seenByLease() bool { return false }
+
+func (d *mySQL) notifies() bool { return false }

@@ -126,3 +126,5 @@ func endTx(ctx context.Context, conn Querier, ok bool) error {
 }
 
 func (d *postgres) seenByLease() bool { return true }
+
+func (d *postgres) notifies() bool { return true }

@@ -115,3 +115,5 @@ func (d *sqlite) transient(err error) bool {
 }
 
 func (d *sqlite) seenByLease() bool { return false }
+
+func (d *sqlite) notifies() bool { return false }

@@ -90,7 +90,7 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 		}()
 	}
 	lp, ok := p.pool.(ListenPool)
-	if !ok || p.d.name() != Postgres {
+	if !ok || !p.d.notifies() {
 		<-ctx.Done()
 		return nil
 	}
