@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,22 +158,6 @@ func TestInitDefaultInstance(t *testing.T) {
 	checkShutDown(t)
 }
 
-// leaderProvider grants every acquisition with token 1 and reports the
-// last holder as leader.
-func leaderProvider() *fakeProvider {
-	var holder atomic.Value
-	holder.Store("")
-	return &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
-			holder.Store(r.Holder)
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
-		},
-		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
-			return &cluster.Leader{NodeID: holder.Load().(string), FencingToken: 1}, nil
-		},
-	}
-}
-
 // newerSchema makes the target's tables carry a schema version newer than
 // this build's, so New fails with ErrSchema, and returns the undo.
 func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
@@ -289,15 +272,6 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		}
 	})
 }
-
-// initFailingProvider is a store that cannot be prepared, as an unreachable
-// database.
-type initFailingProvider struct {
-	fakeProvider
-	err error
-}
-
-func (p *initFailingProvider) Init(context.Context) error { return p.err }
 
 // Shutdown after a failed Init ends the default instance for good.
 func TestShutdownAfterFailedInit(t *testing.T) {
@@ -584,8 +558,3 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 		t.Fatalf("Resign after Shutdown = %v", err)
 	}
 }
-
-// initFailer is a provider whose Init fails, so cluster.Init does.
-type initFailer struct{ cluster.Provider }
-
-func (initFailer) Init(context.Context) error { return errors.New("database unreachable") }

@@ -2,8 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,93 +80,6 @@ func shutdownWithin(t *testing.T, c *cluster.Cluster) error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
 	defer cancel()
 	return c.Shutdown(ctx)
-}
-
-// leaseBook is a one-lease store for a fake provider: it grants the lease
-// when free, renews and releases only the term that holds it.
-type leaseBook struct {
-	mu       sync.Mutex
-	holder   string // instance holding the lease, "" when free
-	token    uint64
-	failRen  bool // renews fail with a transient error
-	released chan uint64
-}
-
-func newLeaseBook() *leaseBook { return &leaseBook{released: make(chan uint64, 16)} }
-
-func (b *leaseBook) provider() *fakeProvider {
-	return &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if b.holder != "" {
-				return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: b.holder, FencingToken: b.token, Remaining: time.Second}
-			}
-			b.token++
-			b.holder = r.Instance
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: b.token}, nil
-		},
-		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			switch {
-			case b.holder != l.Instance || b.token != l.FencingToken:
-				return l, cluster.ErrLeaseLost
-			case b.failRen:
-				return l, errors.New("store unavailable")
-			}
-			return l, nil
-		},
-		ReleaseFunc: func(_ context.Context, l cluster.Lease) error {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if b.holder == l.Instance && (l.FencingToken == 0 || l.FencingToken == b.token) {
-				b.holder = ""
-				b.released <- b.token
-			}
-			return nil
-		},
-	}
-}
-
-// take hands the lease to another node behind its holder's back.
-func (b *leaseBook) take() {
-	b.mu.Lock()
-	b.token++
-	b.holder = "other-instance"
-	b.mu.Unlock()
-}
-
-func (b *leaseBook) failRenews() {
-	b.mu.Lock()
-	b.failRen = true
-	b.mu.Unlock()
-}
-
-func (b *leaseBook) held() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.holder != "" && b.holder != "other-instance"
-}
-
-// startBook starts node "a" over book with the handler h, then the
-// handlers of edit.
-func startBook(t *testing.T, book *leaseBook, h *handlerShutdown, edit ...func(*cluster.Config)) *node {
-	t.Helper()
-	log := &eventLog{}
-	cfg := fakeConfig(t, "a", book.provider())
-	cfg.OnTransition = log.add
-	withHandler(h.handle)(&cfg)
-	for _, e := range edit {
-		e(&cfg)
-	}
-	c, err := cluster.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() { c.Shutdown(context.Background()) })
-	h.give(c)
-	return &node{Cluster: c, events: log}
 }
 
 // A handler may call Shutdown, whatever the event: it returns promptly,
