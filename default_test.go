@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -457,34 +456,6 @@ func shutdownWithinDefault(t *testing.T) error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
 	defer cancel()
 	return cluster.Shutdown(ctx)
-}
-
-// deleteOnAcquire installs a trigger that deletes the row at counter from
-// the chain table whenever the lease row changes, so an acquisition finds
-// the chain rolled back although the check at boot passed.
-func deleteOnAcquire(t *testing.T, tg testdb.Target, db *sql.DB, table string, counter int) {
-	t.Helper()
-	ctx := context.Background()
-	name := tg.Prefix + "delete_on_acquire"
-	del := "DELETE FROM " + table + " WHERE monotonic_counter = " + strconv.Itoa(counter)
-	var stmts []string
-	switch tg.Dialect {
-	case cluster.SQLite:
-		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease BEGIN " + del + "; END"}
-	case cluster.MySQL:
-		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW " + del}
-	case cluster.Postgres:
-		stmts = []string{
-			"CREATE FUNCTION " + name + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " + del + "; RETURN NULL; END $$",
-			"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW EXECUTE FUNCTION " + name + "()",
-		}
-		t.Cleanup(func() { db.ExecContext(context.Background(), "DROP FUNCTION IF EXISTS "+name+"() CASCADE") })
-	}
-	for _, q := range stmts {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // The package-level RunWhileLeader runs the work once in single-node mode

@@ -22,15 +22,6 @@ func slowRenew(c *cluster.Config) {
 	c.FenceTimeout = 4 * time.Second
 }
 
-// expireLease ends the current term in the database, as the passing of its
-// TTL would while its holder is paused.
-func expireLease(t *testing.T, tg testdb.Target, db *sql.DB) {
-	t.Helper()
-	if _, err := db.ExecContext(context.Background(), "UPDATE "+tg.Prefix+"lease SET expires_at = 0"); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A leader whose lease was taken while it still believes it leads is
 // refused by the database, not just by IsLeader.
 func TestFenceRefusesStaleLeader(t *testing.T) {

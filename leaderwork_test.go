@@ -113,7 +113,7 @@ func TestRunWhileLeaderCancelledWhenCutOff(t *testing.T) {
 			// renew can commit.
 			a = start(t, tg, "a")
 			blocker := tg.Open(t)
-			var tx *sqlTx
+			var tx *sql.Tx
 			cutOff = func() { tx = beginImmediate(t, blocker) }
 			restore = func() { tx.Rollback() }
 		} else {
@@ -288,17 +288,4 @@ func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 			}
 		}
 	})
-}
-
-type sqlTx = sql.Tx
-
-// beginImmediate takes SQLite's write lock on db until the transaction
-// ends.
-func beginImmediate(t *testing.T, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(context.Background(), nil) // the test DSN uses _txlock=immediate
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
 }
