@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -184,18 +183,6 @@ func TestSameNodeIDTwice(t *testing.T) {
 			t.Fatalf("second got token %d, want above %d", second.FencingToken(), token)
 		}
 	})
-}
-
-// lockedWriter serializes writes to w.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // A follower wakes when the holder's lease expires by the database clock,
