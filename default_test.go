@@ -450,14 +450,6 @@ func checkInitShutDown(t *testing.T, err error) {
 	t.Logf("Init = %v", err)
 }
 
-// shutdownWithinDefault is shutdownWithin for the default instance.
-func shutdownWithinDefault(t *testing.T) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
-	defer cancel()
-	return cluster.Shutdown(ctx)
-}
-
 // The package-level RunWhileLeader runs the work once in single-node mode
 // (token 0) until Init, which ends it and waits for it before
 // campaigning; it does not run while Init fails; it runs in the member's
