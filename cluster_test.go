@@ -60,13 +60,6 @@ func TestElectionOneLeader(t *testing.T) {
 	})
 }
 
-// longLease gives a node a 10s lease, so that a quick takeover can only
-// come from a release.
-func longLease(c *cluster.Config) {
-	c.LeaseTTL = 10 * time.Second
-	c.FenceTimeout = 5 * time.Second
-}
-
 func TestHandoffAfterRelease(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {

@@ -6,7 +6,6 @@ package cluster_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -155,27 +154,6 @@ func TestInitDefaultInstance(t *testing.T) {
 		t.Fatalf("after Shutdown got %+v", e)
 	}
 	checkShutDown(t)
-}
-
-// newerSchema makes the target's tables carry a schema version newer than
-// this build's, so New fails with ErrSchema, and returns the undo.
-func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
-	t.Helper()
-	ctx := context.Background()
-	table := tg.Prefix + "schema_version"
-	for _, q := range []string{
-		"CREATE TABLE " + table + " (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
-		"INSERT INTO " + table + " (version, applied_at) VALUES (999, 0)",
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return func() {
-		if _, err := db.ExecContext(ctx, "DELETE FROM "+table); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // A failed Init fails closed: nothing says this process leads, the errors

@@ -14,14 +14,6 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// slowRenew makes a node renew every 2s, so that it goes on believing it
-// leads for a while after its lease was ended behind its back.
-func slowRenew(c *cluster.Config) {
-	c.LeaseTTL = 5 * time.Second
-	c.HeartbeatInterval = 2 * time.Second
-	c.FenceTimeout = 4 * time.Second
-}
-
 // A leader whose lease was taken while it still believes it leads is
 // refused by the database, not just by IsLeader.
 func TestFenceRefusesStaleLeader(t *testing.T) {

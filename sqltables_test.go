@@ -295,3 +295,24 @@ func beginImmediate(t *testing.T, db *sql.DB) *sql.Tx {
 	}
 	return tx
 }
+
+// newerSchema makes the target's tables carry a schema version newer than
+// this build's, so New fails with ErrSchema, and returns the undo.
+func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
+	t.Helper()
+	ctx := context.Background()
+	table := tg.Prefix + "schema_version"
+	for _, q := range []string{
+		"CREATE TABLE " + table + " (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+		"INSERT INTO " + table + " (version, applied_at) VALUES (999, 0)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func() {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+table); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
