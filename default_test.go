@@ -254,7 +254,7 @@ func TestFailedInitFailsClosed(t *testing.T) {
 func TestShutdownAfterFailedInit(t *testing.T) {
 	useDefault(t)
 	unreachable := errors.New("dial tcp 10.0.0.1:5432: connect: connection refused")
-	err := cluster.Init(context.Background(), fakeConfig(t, "n1", &initFailingProvider{err: unreachable}))
+	err := cluster.Init(context.Background(), fakeConfig(t, "n1", initFailer{&fakeProvider{}, unreachable}))
 	if !errors.Is(err, unreachable) {
 		t.Fatalf("Init = %v", err)
 	}
@@ -461,7 +461,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 	failing := fakeConfig(t, "n1", &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
 		return cluster.Lease{}, errors.New("unreachable")
 	}})
-	failing.Provider = initFailer{failing.Provider}
+	failing.Provider = initFailer{failing.Provider, errors.New("database unreachable")}
 	if err := cluster.Init(ctx, failing); err == nil {
 		t.Fatal("Init with a failing provider succeeded")
 	}

@@ -93,19 +93,14 @@ func leaderProvider() *fakeProvider {
 	}
 }
 
-// initFailingProvider is a store that cannot be prepared, as an unreachable
-// database.
-type initFailingProvider struct {
-	fakeProvider
+// initFailer is a store that cannot be prepared, as an unreachable
+// database: Init fails with err, so New and cluster.Init do.
+type initFailer struct {
+	cluster.Provider
 	err error
 }
 
-func (p *initFailingProvider) Init(context.Context) error { return p.err }
-
-// initFailer is a provider whose Init fails, so cluster.Init does.
-type initFailer struct{ cluster.Provider }
-
-func (initFailer) Init(context.Context) error { return errors.New("database unreachable") }
+func (p initFailer) Init(context.Context) error { return p.err }
 
 // leaseBook is a one-lease store for a fake provider: it grants the lease
 // when free, renews and releases only the term that holds it.
