@@ -59,9 +59,9 @@ func childMain() int {
 		NodeID:            id,
 		DB:                db,
 		TablePrefix:       prefix,
-		LeaseTTL:          time.Second,
-		HeartbeatInterval: 100 * time.Millisecond,
-		FenceTimeout:      700 * time.Millisecond,
+		LeaseTTL:          testdb.LeaseTTL,
+		HeartbeatInterval: testdb.Heartbeat,
+		FenceTimeout:      testdb.FenceTimeout,
 		OnTransition: func(e cluster.Event) {
 			say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
 		},

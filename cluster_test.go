@@ -154,7 +154,7 @@ func TestSameNodeIDTwice(t *testing.T) {
 		}
 		token := first.FencingToken()
 		// Three TTLs: the second never steals nor renews the live lease.
-		deadline := time.Now().Add(3 * time.Second)
+		deadline := time.Now().Add(3 * testdb.LeaseTTL)
 		for time.Now().Before(deadline) {
 			if second.IsLeader() {
 				t.Fatal("second process with the same NodeID leads while the first holds the lease")
@@ -183,9 +183,12 @@ func TestSameNodeIDTwice(t *testing.T) {
 func TestFollowerWakesAtExpiry(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		// A heartbeat long beside the lease, unlike testdb's: waking at the
+		// expiry and polling once a heartbeat are then far apart.
+		const ttl, heartbeat = 1500 * time.Millisecond, 600 * time.Millisecond
 		slowPoll := func(c *cluster.Config) {
-			c.LeaseTTL = 1500 * time.Millisecond
-			c.HeartbeatInterval = 600 * time.Millisecond
+			c.LeaseTTL = ttl
+			c.HeartbeatInterval = heartbeat
 			c.FenceTimeout = 900 * time.Millisecond
 		}
 		a := start(t, tg, "a", slowPoll)
@@ -199,9 +202,9 @@ func TestFollowerWakesAtExpiry(t *testing.T) {
 		a.db.Close()
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
 		took := time.Since(last)
-		t.Logf("takeover %v after the last renew (TTL 1.5s, heartbeat 600ms)", took.Round(time.Millisecond))
-		if took > 1500*time.Millisecond+300*time.Millisecond {
-			t.Fatalf("b took over %v after the last renew; polling once a heartbeat would explain up to %v", took, 2100*time.Millisecond)
+		t.Logf("takeover %v after the last renew (TTL %v, heartbeat %v)", took.Round(time.Millisecond), ttl, heartbeat)
+		if took > ttl+300*time.Millisecond {
+			t.Fatalf("b took over %v after the last renew; polling once a heartbeat would explain up to %v", took, ttl+heartbeat)
 		}
 	})
 }
@@ -263,15 +266,15 @@ func TestSelfFenceWhenDatabaseStopsAnswering(t *testing.T) {
 		blocked := time.Now()
 		proxy.Block()
 		took := waitFor(t, 3*time.Second, "a to self-fence", func() bool { return !a.IsLeader() })
-		if took > 700*time.Millisecond+300*time.Millisecond {
-			t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is 700ms", took)
+		if took > testdb.FenceTimeout+300*time.Millisecond {
+			t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is %v", took, testdb.FenceTimeout)
 		}
 		lost := a.events.wait(t, cluster.EventLeaseLost, 2*time.Second)
 		if lost.Reason != cluster.ReasonSelfFenced {
 			t.Fatalf("lost event = %+v, want self-fenced", lost)
 		}
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
-		if since := time.Since(blocked); since < 700*time.Millisecond {
+		if since := time.Since(blocked); since < testdb.FenceTimeout {
 			t.Fatalf("b took over %v after a was cut off, before a's trust window could end", since)
 		}
 		if b.FencingToken() <= old {
@@ -302,8 +305,8 @@ func selfFenceSQLite(t *testing.T, tg testdb.Target) {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 3*time.Second, "a to self-fence", func() bool { return !a.IsLeader() })
-	if took > time.Second {
-		t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is 700ms", took)
+	if took > testdb.FenceTimeout+300*time.Millisecond {
+		t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is %v", took, testdb.FenceTimeout)
 	}
 	if lost := a.events.wait(t, cluster.EventLeaseLost, 2*time.Second); lost.Reason != cluster.ReasonSelfFenced {
 		t.Fatalf("lost event = %+v, want self-fenced", lost)
@@ -329,8 +332,8 @@ func TestTrustWindowEndsWithoutGoroutine(t *testing.T) {
 		t.Fatal("not leader after a successful first acquire")
 	}
 	took := waitFor(t, 3*time.Second, "IsLeader to turn false", func() bool { return !c.IsLeader() })
-	if took > 900*time.Millisecond {
-		t.Fatalf("IsLeader stayed true %v with FenceTimeout 700ms", took)
+	if took > testdb.FenceTimeout+200*time.Millisecond {
+		t.Fatalf("IsLeader stayed true %v with FenceTimeout %v", took, testdb.FenceTimeout)
 	}
 	if c.FencingToken() != 0 || c.RequireLeader() == nil {
 		t.Fatal("FencingToken or RequireLeader disagree with IsLeader")

@@ -50,14 +50,14 @@ func (f *fakeProvider) Leader(ctx context.Context, name string) (*cluster.Leader
 	return f.LeaderFunc(ctx, name)
 }
 
-// fakeConfig is a configuration with short timings over p.
+// fakeConfig is a configuration over p with the test timings.
 func fakeConfig(t *testing.T, id string, p cluster.Provider) cluster.Config {
 	return cluster.Config{
 		NodeID:            id,
 		Provider:          p,
-		LeaseTTL:          time.Second,
-		HeartbeatInterval: 100 * time.Millisecond,
-		FenceTimeout:      700 * time.Millisecond,
+		LeaseTTL:          testdb.LeaseTTL,
+		HeartbeatInterval: testdb.Heartbeat,
+		FenceTimeout:      testdb.FenceTimeout,
 		Logger:            testdb.Logger(t),
 	}
 }

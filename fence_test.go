@@ -98,11 +98,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 
 		// a renews slowly, so it keeps believing it leads for a while after
 		// the database moved on; b polls fast and takes over at once.
-		a := start(t, tg, "a", func(c *cluster.Config) {
-			c.LeaseTTL = 4 * time.Second
-			c.HeartbeatInterval = 1500 * time.Millisecond
-			c.FenceTimeout = 3 * time.Second
-		})
+		a := start(t, tg, "a", slowRenew)
 		b := start(t, tg, "b")
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")

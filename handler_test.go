@@ -68,7 +68,7 @@ func withHandler(h func(cluster.Event)) func(*cluster.Config) {
 }
 
 // shutdownBound is how long a Shutdown may take in these tests: a release
-// is bounded by one heartbeat (100ms).
+// is bounded by one heartbeat (testdb.Heartbeat).
 const shutdownBound = 3 * time.Second
 
 // shutdownWithin calls Shutdown from the test and fails unless it returns

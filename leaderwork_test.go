@@ -112,7 +112,8 @@ func TestResign(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		hold := func(c *cluster.Config) { c.ResignHoldOff = 500 * time.Millisecond }
+		const holdOff = 500 * time.Millisecond
+		hold := func(c *cluster.Config) { c.ResignHoldOff = holdOff }
 		a := start(t, tg, "a", hold)
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
@@ -130,24 +131,23 @@ func TestResign(t *testing.T) {
 			t.Fatal("a leads right after Resign")
 		}
 		waitFor(t, 2*time.Second, "a lone resigner to lead again", a.IsLeader)
-		if took := time.Since(began); took < 500*time.Millisecond {
-			t.Fatalf("a led again %v after resigning, within its 500ms hold-off", took)
+		if took := time.Since(began); took < holdOff {
+			t.Fatalf("a led again %v after resigning, within its %v hold-off", took, holdOff)
 		}
 
 		// With another candidate: the lease moves to it.
 		b := start(t, tg, "b", hold)
 		watchSingleLeader(t, a, b)
-		hb := 100 * time.Millisecond // testdb's HeartbeatInterval
 		began = time.Now()
 		if err := a.Resign(ctx); err != nil {
 			t.Fatal(err)
 		}
 		took := waitFor(t, 2*time.Second, "b to lead after a resigned", b.IsLeader)
 		t.Logf("b led %v after a resigned", took.Round(time.Millisecond))
-		if took > hb+200*time.Millisecond {
-			t.Errorf("b led %v after a resigned, want within one heartbeat (%v) and a round trip", took, hb)
+		if took > testdb.Heartbeat+200*time.Millisecond {
+			t.Errorf("b led %v after a resigned, want within one heartbeat (%v) and a round trip", took, testdb.Heartbeat)
 		}
-		time.Sleep(600 * time.Millisecond) // past a's hold-off
+		time.Sleep(holdOff + testdb.Heartbeat) // past a's hold-off
 		if a.IsLeader() {
 			t.Fatal("a took the lease back from b")
 		}
@@ -194,8 +194,8 @@ func TestLeaderChangedReachesFollowers(t *testing.T) {
 		}
 		for _, n := range []*node{b, c, pinned} {
 			took := waitFor(t, time.Second, n.NodeID()+" to learn of the new term", hasTerm(n, next.NodeID(), token))
-			if took > 300*time.Millisecond {
-				t.Errorf("%s learnt of the new term after %v, want within about one heartbeat", n.NodeID(), took)
+			if took > testdb.Heartbeat+200*time.Millisecond {
+				t.Errorf("%s learnt of the new term after %v, want within about one heartbeat (%v)", n.NodeID(), took, testdb.Heartbeat)
 			}
 		}
 		for _, e := range b.events.all() {

@@ -106,7 +106,7 @@ func TestTakeoverAfterLeaderVanishesInFencedTransaction(t *testing.T) {
 			}
 			proxy.Block() // a's host vanishes, its transaction open
 			vanished := time.Now()
-			ttl := tg.Config(t, nil, "x").LeaseTTL
+			ttl := testdb.LeaseTTL
 			bound := 2*ttl + time.Second
 			took := waitFor(t, bound, "b to take over from a leader that vanished inside a fenced transaction", b.IsLeader)
 			t.Logf("b took over %v after a vanished (LeaseTTL %v)", took.Round(time.Millisecond), ttl)
