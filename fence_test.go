@@ -104,7 +104,8 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 			t.Fatal("a does not lead")
 		}
 
-		var refused, committed atomic.Int64
+		var refused atomic.Int64
+		committed := map[string]*atomic.Int64{"a": {}, "b": {}}
 		var stop atomic.Bool
 		var wg sync.WaitGroup
 		for _, n := range []*node{a, a, b, b} {
@@ -118,7 +119,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 					time.Sleep(time.Millisecond) // leave the lease row a chance
 					switch {
 					case err == nil:
-						committed.Add(1)
+						committed[n.NodeID()].Add(1)
 					case errors.Is(err, cluster.ErrStaleFencingToken):
 						refused.Add(1)
 					}
@@ -126,11 +127,11 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "a's writes to commit", func() bool { return committed["a"].Load() > 0 })
 		expireLease(t, tg, setup) // a is "paused" past its TTL
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
 		waitFor(t, 5*time.Second, "a to notice", func() bool { return !a.IsLeader() })
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "b's writes to commit", func() bool { return committed["b"].Load() > 0 })
 		stop.Store(true)
 		wg.Wait()
 
@@ -138,7 +139,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 		for _, w := range readWriteLog(t, tg, setup) {
 			byNode[w.node]++
 		}
-		t.Logf("%d committed (%v), %d stale writes refused by the database", committed.Load(), byNode, refused.Load())
+		t.Logf("%d committed (%v), %d stale writes refused by the database", committed["a"].Load()+committed["b"].Load(), byNode, refused.Load())
 		if byNode["a"] == 0 || byNode["b"] == 0 {
 			t.Fatalf("want commits from both leaders, got %v", byNode)
 		}
