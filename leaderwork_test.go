@@ -69,18 +69,27 @@ func TestRunWhileLeaderCancelledWhenCutOff(t *testing.T) {
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
+		running := make(chan struct{}, 1)
 		cancelled := make(chan time.Time, 1)
 		wctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
 			done <- a.RunWhileLeader(wctx, func(ctx context.Context, token uint64) error {
+				select {
+				case running <- struct{}{}:
+				default: // a later term; the test waits for the first
+				}
 				<-ctx.Done()
 				cancelled <- time.Now()
 				return nil
 			})
 		}()
 		defer func() { stop(); <-done }()
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-running:
+		case <-time.After(time.Second):
+			t.Fatal("a's work did not start")
+		}
 		afterRenew(t, tg, tg.Open(t))
 		row := readLease(t, tg, tg.Open(t))
 		cutOff()
