@@ -33,8 +33,9 @@ const (
 
 // childMain runs one cluster node in this process and reports on stdout,
 // one line each: "event <kind> <token> <reason>", "resumed leader=<bool>"
-// after the process was stopped, "quiet" when writes are paused (SIGUSR1;
-// SIGUSR2 resumes them), and "bye" after a clean Shutdown on SIGTERM.
+// after the process was stopped, "quiet" when writes are paused (SIGUSR1),
+// "writing" when they resume (SIGUSR2), and "bye" after a clean Shutdown
+// on SIGTERM.
 // While it leads it appends fenced rows (seq, token, node) to <prefix>writes.
 func childMain() int {
 	id, prefix := os.Getenv(envChild), os.Getenv(envPrefix)
@@ -134,6 +135,7 @@ func childMain() int {
 			say("quiet")
 		case syscall.SIGUSR2:
 			writing.Store(true)
+			say("writing")
 		case syscall.SIGTERM:
 			close(done)
 			wg.Wait()

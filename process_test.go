@@ -20,10 +20,27 @@ func TestMultiProcess(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		setup := tg.Open(t)
 		createWriteLog(t, tg, setup)
+		count := func(q string, args ...any) func() int64 {
+			return func() int64 {
+				var n int64
+				if err := setup.QueryRow(bind(tg.Dialect, q), args...).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		wrote := func(ch *child) func() bool {
+			rows := count("SELECT COUNT(*) FROM "+tg.Prefix+"writes WHERE node = ?", ch.id)
+			return func() bool { return rows() > 0 }
+		}
+		termsWritten := count("SELECT COUNT(DISTINCT token) FROM " + tg.Prefix + "writes")
 		a := spawn(t, tg, "a")
 		await(t, 20*time.Second, "event lease-acquired", mark(a))
 		b, c := spawn(t, tg, "b"), spawn(t, tg, "c")
-		time.Sleep(500 * time.Millisecond)
+		// b and c are up and see a lead, and a's term has written.
+		await(t, 20*time.Second, "event leader-changed", map[*child]int{b: 0})
+		await(t, 20*time.Second, "event leader-changed", map[*child]int{c: 0})
+		waitFor(t, 5*time.Second, "a's writes", wrote(a))
 
 		// Pause the leader past its lease, between two writes.
 		m := mark(a)
@@ -37,7 +54,8 @@ func TestMultiProcess(t *testing.T) {
 		a.signal(t, syscall.SIGSTOP)
 		stopped := time.Now()
 		second, _ := await(t, 10*time.Second, "event lease-acquired", mark(b, c))
-		time.Sleep(time.Until(stopped.Add(1500 * time.Millisecond)))
+		// Keep a stopped past its lease: a pause, not a wait for an event.
+		time.Sleep(time.Until(stopped.Add(3 * testdb.LeaseTTL / 2)))
 		a.signal(t, syscall.SIGCONT)
 		if _, l := await(t, 5*time.Second, "resumed", m); !strings.HasPrefix(l, "resumed leader=false") {
 			t.Fatalf("a resumed after %v believing it led: %q", time.Since(stopped), l)
@@ -57,8 +75,10 @@ func TestMultiProcess(t *testing.T) {
 		if acquiredAt >= 0 && acquiredAt < stoppedAt {
 			t.Fatalf("a led again before its old term's work context was cancelled: %q", a.output()[m[a]:])
 		}
+		m = mark(a)
 		a.signal(t, syscall.SIGUSR2)
-		time.Sleep(300 * time.Millisecond)
+		await(t, 5*time.Second, "writing", m)
+		waitFor(t, 5*time.Second, second.id+"'s writes", wrote(second))
 
 		// Kill the second leader outright; another process takes over once
 		// its lease expires.
@@ -71,7 +91,7 @@ func TestMultiProcess(t *testing.T) {
 		killed := time.Now()
 		third, _ = await(t, 10*time.Second, "event lease-acquired", m)
 		t.Logf("%s took over %v after SIGKILL", third.id, time.Since(killed).Round(time.Millisecond))
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "writes under a third term", func() bool { return termsWritten() >= 3 })
 
 		survivors := []*child{a, b}
 		if second == b {
