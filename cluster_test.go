@@ -29,8 +29,9 @@ func TestElectionOneLeader(t *testing.T) {
 		if token == 0 {
 			t.Fatal("leader has fencing token 0")
 		}
-		// Leadership is stable while the leader renews.
-		time.Sleep(1500 * time.Millisecond)
+		// Leadership is stable while the leader renews. A sleep, as nothing
+		// is to happen: longer than a lease, which would end unrenewed.
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if !leader.IsLeader() || leader.FencingToken() != token {
 			t.Fatalf("leader %s lost or changed term while renewing (token %d, was %d)", leader.NodeID(), leader.FencingToken(), token)
 		}
@@ -159,7 +160,7 @@ func TestSameNodeIDTwice(t *testing.T) {
 			if second.IsLeader() {
 				t.Fatal("second process with the same NodeID leads while the first holds the lease")
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // sampling: nothing is to happen
 		}
 		if !first.IsLeader() || first.FencingToken() != token {
 			t.Fatalf("first process lost its term (token %d, was %d)", first.FencingToken(), token)
@@ -214,7 +215,9 @@ func TestFollowerNeverLeads(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		follower := func(c *cluster.Config) { c.Role = cluster.RoleFollower }
 		f := start(t, tg, "f", follower)
-		time.Sleep(1500 * time.Millisecond)
+		// A sleep, here and below, as nothing is to happen: longer than a
+		// lease, in which a candidate would have led.
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if f.IsLeader() {
 			t.Fatal("follower leads")
 		}
@@ -227,7 +230,15 @@ func TestFollowerNeverLeads(t *testing.T) {
 		}
 		f.events.wait(t, cluster.EventLeaderChanged, time.Second) // the follower reads the lease each heartbeat
 		a.Shutdown(context.Background())
-		time.Sleep(1500 * time.Millisecond)
+		waitFor(t, time.Second, "the follower to see the lease free", func() bool {
+			for _, e := range f.events.all() {
+				if e.Kind == cluster.EventLeaderChanged && e.LeaderID == "" {
+					return true
+				}
+			}
+			return false
+		})
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if f.IsLeader() {
 			t.Fatal("follower took the released lease")
 		}
@@ -281,8 +292,9 @@ func TestSelfFenceWhenDatabaseStopsAnswering(t *testing.T) {
 			t.Fatalf("b's token %d is not above %d", b.FencingToken(), old)
 		}
 		// Back on the network, a finds the lease taken and stays a follower.
+		// A sleep, as nothing is to change: longer than a lease.
 		proxy.Unblock()
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if a.IsLeader() || !b.IsLeader() {
 			t.Fatalf("after the partition healed: a leads %v, b leads %v", a.IsLeader(), b.IsLeader())
 		}
@@ -358,7 +370,7 @@ func TestTransientRenewFailureKeepsLease(t *testing.T) {
 	}}
 	c := startFake(t, p)
 	waitFor(t, 3*time.Second, "the failures to be used up", func() bool { return len(failures) == 0 })
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(3 * testdb.Heartbeat) // a sleep, as nothing is to happen: a lost lease would show
 	if !c.IsLeader() {
 		t.Fatal("three transient renew failures ended the lease")
 	}
@@ -440,7 +452,9 @@ func TestSlowHandlerDoesNotBlockRenew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// A sleep, as nothing is to happen: longer than a lease, which stopped
+	// renewals would not keep.
+	time.Sleep(3 * testdb.LeaseTTL / 2)
 	if !c.IsLeader() {
 		t.Fatal("a blocked handler stopped the renewals")
 	}

@@ -446,7 +446,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 			r := run{token, make(chan struct{})}
 			runs <- r
 			<-ctx.Done()
-			time.Sleep(50 * time.Millisecond) // winding down
+			time.Sleep(50 * time.Millisecond) // a sleep: work that takes a while to stop, which Init and Shutdown wait for
 			close(r.stopped)
 			return nil
 		})

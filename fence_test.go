@@ -112,7 +112,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 			wg.Go(func() {
 				for !stop.Load() {
 					if !n.IsLeader() {
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // pacing the poll
 						continue
 					}
 					err := fencedWrite(context.Background(), n.db, n.Fence, tg.Dialect, tg.Prefix, n.NodeID())

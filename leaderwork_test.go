@@ -156,7 +156,7 @@ func TestResign(t *testing.T) {
 		if took > testdb.Heartbeat+200*time.Millisecond {
 			t.Errorf("b led %v after a resigned, want within one heartbeat (%v) and a round trip", took, testdb.Heartbeat)
 		}
-		time.Sleep(holdOff + testdb.Heartbeat) // past a's hold-off
+		time.Sleep(holdOff + testdb.Heartbeat) // a sleep, as a is not to take the lease back, even past its hold-off
 		if a.IsLeader() {
 			t.Fatal("a took the lease back from b")
 		}

@@ -85,7 +85,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		if time.Since(start) > timeout {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the polling interval
 	}
 	return time.Since(start)
 }
@@ -134,7 +134,7 @@ func watchSingleLeader(t *testing.T, nodes ...*node) {
 				t.Errorf("two leaders at once: %v", leaders)
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // the sampling interval
 		}
 	}()
 	t.Cleanup(func() {

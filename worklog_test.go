@@ -51,7 +51,7 @@ func runWork(t *testing.T, n *node, log *workLog, linger time.Duration) {
 		done <- n.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
 			log.add(n.NodeID(), "start", token)
 			<-ctx.Done()
-			time.Sleep(linger)
+			time.Sleep(linger) // a sleep: work that takes linger to stop
 			log.add(n.NodeID(), "stop", token)
 			return ctx.Err()
 		})
