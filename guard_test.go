@@ -4,37 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
-
-var guardCode = regexp.MustCompile(`SF\d{3}`)
-
-// refusedWith runs q and fails the test unless a guard refuses it with
-// SQLSTATE code, which must classify as the sentinel want.
-func refusedWith(t *testing.T, tg testdb.Target, q sqlRunner, code string, want error, query string, args ...any) {
-	t.Helper()
-	_, err := q.ExecContext(context.Background(), query, args...)
-	if err == nil {
-		t.Errorf("accepted, want refusal %s: %s", code, query)
-		return
-	}
-	if got := guardCode.FindString(err.Error()); got != code {
-		t.Errorf("refused with %v, want guard %s: %s", err, code, query)
-		return
-	}
-	if got := cluster.ClassifyDBError(tg.Dialect, err); !errors.Is(got, want) {
-		t.Errorf("guard %s classifies as %v, want %v", code, got, want)
-	}
-}
-
-type sqlRunner interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
 
 // Raw SQL that would lower, reuse or erase a fencing token or a chain tip
 // is refused by the database with a distinct guard per rule, on every
