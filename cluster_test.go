@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -30,8 +29,9 @@ func TestElectionOneLeader(t *testing.T) {
 		if token == 0 {
 			t.Fatal("leader has fencing token 0")
 		}
-		// Leadership is stable while the leader renews.
-		time.Sleep(1500 * time.Millisecond)
+		// Leadership is stable while the leader renews. A sleep, as nothing
+		// is to happen: longer than a lease, which would end unrenewed.
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if !leader.IsLeader() || leader.FencingToken() != token {
 			t.Fatalf("leader %s lost or changed term while renewing (token %d, was %d)", leader.NodeID(), leader.FencingToken(), token)
 		}
@@ -59,13 +59,6 @@ func TestElectionOneLeader(t *testing.T) {
 			t.Fatalf("acquired event = %+v, want token %d", e, token)
 		}
 	})
-}
-
-// longLease gives a node a 10s lease, so that a quick takeover can only
-// come from a release.
-func longLease(c *cluster.Config) {
-	c.LeaseTTL = 10 * time.Second
-	c.FenceTimeout = 5 * time.Second
 }
 
 func TestHandoffAfterRelease(t *testing.T) {
@@ -162,12 +155,12 @@ func TestSameNodeIDTwice(t *testing.T) {
 		}
 		token := first.FencingToken()
 		// Three TTLs: the second never steals nor renews the live lease.
-		deadline := time.Now().Add(3 * time.Second)
+		deadline := time.Now().Add(3 * testdb.LeaseTTL)
 		for time.Now().Before(deadline) {
 			if second.IsLeader() {
 				t.Fatal("second process with the same NodeID leads while the first holds the lease")
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // sampling: nothing is to happen
 		}
 		if !first.IsLeader() || first.FencingToken() != token {
 			t.Fatalf("first process lost its term (token %d, was %d)", first.FencingToken(), token)
@@ -186,26 +179,17 @@ func TestSameNodeIDTwice(t *testing.T) {
 	})
 }
 
-// lockedWriter serializes writes to w.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // A follower wakes when the holder's lease expires by the database clock,
 // not up to a heartbeat later.
 func TestFollowerWakesAtExpiry(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		// A heartbeat long beside the lease, unlike testdb's: waking at the
+		// expiry and polling once a heartbeat are then far apart.
+		const ttl, heartbeat = 1500 * time.Millisecond, 600 * time.Millisecond
 		slowPoll := func(c *cluster.Config) {
-			c.LeaseTTL = 1500 * time.Millisecond
-			c.HeartbeatInterval = 600 * time.Millisecond
+			c.LeaseTTL = ttl
+			c.HeartbeatInterval = heartbeat
 			c.FenceTimeout = 900 * time.Millisecond
 		}
 		a := start(t, tg, "a", slowPoll)
@@ -219,9 +203,9 @@ func TestFollowerWakesAtExpiry(t *testing.T) {
 		a.db.Close()
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
 		took := time.Since(last)
-		t.Logf("takeover %v after the last renew (TTL 1.5s, heartbeat 600ms)", took.Round(time.Millisecond))
-		if took > 1500*time.Millisecond+300*time.Millisecond {
-			t.Fatalf("b took over %v after the last renew; polling once a heartbeat would explain up to %v", took, 2100*time.Millisecond)
+		t.Logf("takeover %v after the last renew (TTL %v, heartbeat %v)", took.Round(time.Millisecond), ttl, heartbeat)
+		if took > ttl+300*time.Millisecond {
+			t.Fatalf("b took over %v after the last renew; polling once a heartbeat would explain up to %v", took, ttl+heartbeat)
 		}
 	})
 }
@@ -231,7 +215,9 @@ func TestFollowerNeverLeads(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		follower := func(c *cluster.Config) { c.Role = cluster.RoleFollower }
 		f := start(t, tg, "f", follower)
-		time.Sleep(1500 * time.Millisecond)
+		// A sleep, here and below, as nothing is to happen: longer than a
+		// lease, in which a candidate would have led.
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if f.IsLeader() {
 			t.Fatal("follower leads")
 		}
@@ -244,7 +230,15 @@ func TestFollowerNeverLeads(t *testing.T) {
 		}
 		f.events.wait(t, cluster.EventLeaderChanged, time.Second) // the follower reads the lease each heartbeat
 		a.Shutdown(context.Background())
-		time.Sleep(1500 * time.Millisecond)
+		waitFor(t, time.Second, "the follower to see the lease free", func() bool {
+			for _, e := range f.events.all() {
+				if e.Kind == cluster.EventLeaderChanged && e.LeaderID == "" {
+					return true
+				}
+			}
+			return false
+		})
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if f.IsLeader() {
 			t.Fatal("follower took the released lease")
 		}
@@ -283,23 +277,24 @@ func TestSelfFenceWhenDatabaseStopsAnswering(t *testing.T) {
 		blocked := time.Now()
 		proxy.Block()
 		took := waitFor(t, 3*time.Second, "a to self-fence", func() bool { return !a.IsLeader() })
-		if took > 700*time.Millisecond+300*time.Millisecond {
-			t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is 700ms", took)
+		if took > testdb.FenceTimeout+300*time.Millisecond {
+			t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is %v", took, testdb.FenceTimeout)
 		}
 		lost := a.events.wait(t, cluster.EventLeaseLost, 2*time.Second)
 		if lost.Reason != cluster.ReasonSelfFenced {
 			t.Fatalf("lost event = %+v, want self-fenced", lost)
 		}
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
-		if since := time.Since(blocked); since < 700*time.Millisecond {
+		if since := time.Since(blocked); since < testdb.FenceTimeout {
 			t.Fatalf("b took over %v after a was cut off, before a's trust window could end", since)
 		}
 		if b.FencingToken() <= old {
 			t.Fatalf("b's token %d is not above %d", b.FencingToken(), old)
 		}
 		// Back on the network, a finds the lease taken and stays a follower.
+		// A sleep, as nothing is to change: longer than a lease.
 		proxy.Unblock()
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(3 * testdb.LeaseTTL / 2)
 		if a.IsLeader() || !b.IsLeader() {
 			t.Fatalf("after the partition healed: a leads %v, b leads %v", a.IsLeader(), b.IsLeader())
 		}
@@ -322,8 +317,8 @@ func selfFenceSQLite(t *testing.T, tg testdb.Target) {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 3*time.Second, "a to self-fence", func() bool { return !a.IsLeader() })
-	if took > time.Second {
-		t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is 700ms", took)
+	if took > testdb.FenceTimeout+300*time.Millisecond {
+		t.Errorf("a believed it led %v after the database stopped answering; FenceTimeout is %v", took, testdb.FenceTimeout)
 	}
 	if lost := a.events.wait(t, cluster.EventLeaseLost, 2*time.Second); lost.Reason != cluster.ReasonSelfFenced {
 		t.Fatalf("lost event = %+v, want self-fenced", lost)
@@ -349,8 +344,8 @@ func TestTrustWindowEndsWithoutGoroutine(t *testing.T) {
 		t.Fatal("not leader after a successful first acquire")
 	}
 	took := waitFor(t, 3*time.Second, "IsLeader to turn false", func() bool { return !c.IsLeader() })
-	if took > 900*time.Millisecond {
-		t.Fatalf("IsLeader stayed true %v with FenceTimeout 700ms", took)
+	if took > testdb.FenceTimeout+200*time.Millisecond {
+		t.Fatalf("IsLeader stayed true %v with FenceTimeout %v", took, testdb.FenceTimeout)
 	}
 	if c.FencingToken() != 0 || c.RequireLeader() == nil {
 		t.Fatal("FencingToken or RequireLeader disagree with IsLeader")
@@ -375,7 +370,7 @@ func TestTransientRenewFailureKeepsLease(t *testing.T) {
 	}}
 	c := startFake(t, p)
 	waitFor(t, 3*time.Second, "the failures to be used up", func() bool { return len(failures) == 0 })
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(3 * testdb.Heartbeat) // a sleep, as nothing is to happen: a lost lease would show
 	if !c.IsLeader() {
 		t.Fatal("three transient renew failures ended the lease")
 	}
@@ -457,7 +452,9 @@ func TestSlowHandlerDoesNotBlockRenew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// A sleep, as nothing is to happen: longer than a lease, which stopped
+	// renewals would not keep.
+	time.Sleep(3 * testdb.LeaseTTL / 2)
 	if !c.IsLeader() {
 		t.Fatal("a blocked handler stopped the renewals")
 	}

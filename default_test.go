@@ -6,16 +6,13 @@ package cluster_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,43 +156,6 @@ func TestInitDefaultInstance(t *testing.T) {
 	checkShutDown(t)
 }
 
-// leaderProvider grants every acquisition with token 1 and reports the
-// last holder as leader.
-func leaderProvider() *fakeProvider {
-	var holder atomic.Value
-	holder.Store("")
-	return &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
-			holder.Store(r.Holder)
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
-		},
-		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
-			return &cluster.Leader{NodeID: holder.Load().(string), FencingToken: 1}, nil
-		},
-	}
-}
-
-// newerSchema makes the target's tables carry a schema version newer than
-// this build's, so New fails with ErrSchema, and returns the undo.
-func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
-	t.Helper()
-	ctx := context.Background()
-	table := tg.Prefix + "schema_version"
-	for _, q := range []string{
-		"CREATE TABLE " + table + " (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
-		"INSERT INTO " + table + " (version, applied_at) VALUES (999, 0)",
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return func() {
-		if _, err := db.ExecContext(ctx, "DELETE FROM "+table); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // A failed Init fails closed: nothing says this process leads, the errors
 // carry the cause, and discovery answers 503 without the database's words.
 // A retried Init that succeeds then leads.
@@ -290,20 +250,11 @@ func TestFailedInitFailsClosed(t *testing.T) {
 	})
 }
 
-// initFailingProvider is a store that cannot be prepared, as an unreachable
-// database.
-type initFailingProvider struct {
-	fakeProvider
-	err error
-}
-
-func (p *initFailingProvider) Init(context.Context) error { return p.err }
-
 // Shutdown after a failed Init ends the default instance for good.
 func TestShutdownAfterFailedInit(t *testing.T) {
 	useDefault(t)
 	unreachable := errors.New("dial tcp 10.0.0.1:5432: connect: connection refused")
-	err := cluster.Init(context.Background(), fakeConfig(t, "n1", &initFailingProvider{err: unreachable}))
+	err := cluster.Init(context.Background(), fakeConfig(t, "n1", initFailer{&fakeProvider{}, unreachable}))
 	if !errors.Is(err, unreachable) {
 		t.Fatalf("Init = %v", err)
 	}
@@ -477,42 +428,6 @@ func checkInitShutDown(t *testing.T, err error) {
 	t.Logf("Init = %v", err)
 }
 
-// shutdownWithinDefault is shutdownWithin for the default instance.
-func shutdownWithinDefault(t *testing.T) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
-	defer cancel()
-	return cluster.Shutdown(ctx)
-}
-
-// deleteOnAcquire installs a trigger that deletes the row at counter from
-// the chain table whenever the lease row changes, so an acquisition finds
-// the chain rolled back although the check at boot passed.
-func deleteOnAcquire(t *testing.T, tg testdb.Target, db *sql.DB, table string, counter int) {
-	t.Helper()
-	ctx := context.Background()
-	name := tg.Prefix + "delete_on_acquire"
-	del := "DELETE FROM " + table + " WHERE monotonic_counter = " + strconv.Itoa(counter)
-	var stmts []string
-	switch tg.Dialect {
-	case cluster.SQLite:
-		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease BEGIN " + del + "; END"}
-	case cluster.MySQL:
-		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW " + del}
-	case cluster.Postgres:
-		stmts = []string{
-			"CREATE FUNCTION " + name + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " + del + "; RETURN NULL; END $$",
-			"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW EXECUTE FUNCTION " + name + "()",
-		}
-		t.Cleanup(func() { db.ExecContext(context.Background(), "DROP FUNCTION IF EXISTS "+name+"() CASCADE") })
-	}
-	for _, q := range stmts {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // The package-level RunWhileLeader runs the work once in single-node mode
 // (token 0) until Init, which ends it and waits for it before
 // campaigning; it does not run while Init fails; it runs in the member's
@@ -531,7 +446,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 			r := run{token, make(chan struct{})}
 			runs <- r
 			<-ctx.Done()
-			time.Sleep(50 * time.Millisecond) // winding down
+			time.Sleep(50 * time.Millisecond) // a sleep: work that takes a while to stop, which Init and Shutdown wait for
 			close(r.stopped)
 			return nil
 		})
@@ -546,7 +461,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 	failing := fakeConfig(t, "n1", &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
 		return cluster.Lease{}, errors.New("unreachable")
 	}})
-	failing.Provider = initFailer{failing.Provider}
+	failing.Provider = initFailer{failing.Provider, errors.New("database unreachable")}
 	if err := cluster.Init(ctx, failing); err == nil {
 		t.Fatal("Init with a failing provider succeeded")
 	}
@@ -584,8 +499,3 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 		t.Fatalf("Resign after Shutdown = %v", err)
 	}
 }
-
-// initFailer is a provider whose Init fails, so cluster.Init does.
-type initFailer struct{ cluster.Provider }
-
-func (initFailer) Init(context.Context) error { return errors.New("database unreachable") }

@@ -120,7 +120,7 @@ func TestDiscoveryCoalescesLookups(t *testing.T) {
 		})
 	}
 	waitFor(t, 2*time.Second, "the first lookup", func() bool { return calls.Load() == 1 })
-	time.Sleep(50 * time.Millisecond) // let the other requests queue behind it
+	time.Sleep(50 * time.Millisecond) // let the other requests queue behind it; nothing signals that they have
 	close(gate)
 	wg.Wait()
 	for i, code := range codes {
@@ -150,6 +150,9 @@ func TestDiscoveryCancelledRequest(t *testing.T) {
 		},
 	}
 	c := startFake(t, p)
+	// Sleeps pace the requests, as nothing signals a request joining the
+	// read: the first starts it, the second joins it 5ms in, and the first
+	// is cancelled 10ms in, before the read ends at 50ms.
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
 	var wg sync.WaitGroup

@@ -12,23 +12,6 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// readOnlyDSN returns a DSN for tg whose sessions refuse writes, as a
-// replica's would after a failover.
-func readOnlyDSN(tg testdb.Target) string {
-	switch tg.Dialect {
-	case cluster.Postgres:
-		return tg.DSN + "&default_transaction_read_only=on"
-	case cluster.MySQL:
-		sep := "?"
-		if strings.Contains(tg.DSN, "?") {
-			sep = "&"
-		}
-		return tg.DSN + sep + "tx_read_only=1"
-	default:
-		return strings.Replace(tg.DSN, "?", "?mode=ro&", 1)
-	}
-}
-
 func TestReadOnlyDatabase(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
@@ -36,7 +19,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 		// The primary creates the schema; the read-only session then tries
 		// to lead.
 		start(t, tg, "primary").Shutdown(ctx)
-		ro := tg.OpenDSN(t, readOnlyDSN(tg))
+		ro := tg.OpenDSN(t, tg.ReadOnlyDSN(t))
 		p, err := cluster.NewDBProvider(ro, "", tg.Prefix)
 		if err != nil {
 			t.Fatal(err)

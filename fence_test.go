@@ -14,23 +14,6 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// slowRenew makes a node renew every 2s, so that it goes on believing it
-// leads for a while after its lease was ended behind its back.
-func slowRenew(c *cluster.Config) {
-	c.LeaseTTL = 5 * time.Second
-	c.HeartbeatInterval = 2 * time.Second
-	c.FenceTimeout = 4 * time.Second
-}
-
-// expireLease ends the current term in the database, as the passing of its
-// TTL would while its holder is paused.
-func expireLease(t *testing.T, tg testdb.Target, db *sql.DB) {
-	t.Helper()
-	if _, err := db.ExecContext(context.Background(), "UPDATE "+tg.Prefix+"lease SET expires_at = 0"); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A leader whose lease was taken while it still believes it leads is
 // refused by the database, not just by IsLeader.
 func TestFenceRefusesStaleLeader(t *testing.T) {
@@ -115,31 +98,28 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 
 		// a renews slowly, so it keeps believing it leads for a while after
 		// the database moved on; b polls fast and takes over at once.
-		a := start(t, tg, "a", func(c *cluster.Config) {
-			c.LeaseTTL = 4 * time.Second
-			c.HeartbeatInterval = 1500 * time.Millisecond
-			c.FenceTimeout = 3 * time.Second
-		})
+		a := start(t, tg, "a", slowRenew)
 		b := start(t, tg, "b")
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
 
-		var refused, committed atomic.Int64
+		var refused atomic.Int64
+		committed := map[string]*atomic.Int64{"a": {}, "b": {}}
 		var stop atomic.Bool
 		var wg sync.WaitGroup
 		for _, n := range []*node{a, a, b, b} {
 			wg.Go(func() {
 				for !stop.Load() {
 					if !n.IsLeader() {
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // pacing the poll
 						continue
 					}
 					err := fencedWrite(context.Background(), n.db, n.Fence, tg.Dialect, tg.Prefix, n.NodeID())
 					time.Sleep(time.Millisecond) // leave the lease row a chance
 					switch {
 					case err == nil:
-						committed.Add(1)
+						committed[n.NodeID()].Add(1)
 					case errors.Is(err, cluster.ErrStaleFencingToken):
 						refused.Add(1)
 					}
@@ -147,11 +127,11 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "a's writes to commit", func() bool { return committed["a"].Load() > 0 })
 		expireLease(t, tg, setup) // a is "paused" past its TTL
 		waitFor(t, 5*time.Second, "b to take over", b.IsLeader)
 		waitFor(t, 5*time.Second, "a to notice", func() bool { return !a.IsLeader() })
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "b's writes to commit", func() bool { return committed["b"].Load() > 0 })
 		stop.Store(true)
 		wg.Wait()
 
@@ -159,7 +139,7 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 		for _, w := range readWriteLog(t, tg, setup) {
 			byNode[w.node]++
 		}
-		t.Logf("%d committed (%v), %d stale writes refused by the database", committed.Load(), byNode, refused.Load())
+		t.Logf("%d committed (%v), %d stale writes refused by the database", committed["a"].Load()+committed["b"].Load(), byNode, refused.Load())
 		if byNode["a"] == 0 || byNode["b"] == 0 {
 			t.Fatalf("want commits from both leaders, got %v", byNode)
 		}

@@ -4,39 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"log/slog"
-	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
-
-var guardCode = regexp.MustCompile(`SF\d{3}`)
-
-// refusedWith runs q and fails the test unless a guard refuses it with
-// SQLSTATE code, which must classify as the sentinel want.
-func refusedWith(t *testing.T, tg testdb.Target, q sqlRunner, code string, want error, query string, args ...any) {
-	t.Helper()
-	_, err := q.ExecContext(context.Background(), query, args...)
-	if err == nil {
-		t.Errorf("accepted, want refusal %s: %s", code, query)
-		return
-	}
-	if got := guardCode.FindString(err.Error()); got != code {
-		t.Errorf("refused with %v, want guard %s: %s", err, code, query)
-		return
-	}
-	if got := cluster.ClassifyDBError(tg.Dialect, err); !errors.Is(got, want) {
-		t.Errorf("guard %s classifies as %v, want %v", code, got, want)
-	}
-}
-
-type sqlRunner interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
 
 // Raw SQL that would lower, reuse or erase a fencing token or a chain tip
 // is refused by the database with a distinct guard per rule, on every
@@ -223,76 +196,6 @@ func fmtErr(err error) string {
 	return err.Error()
 }
 
-// mysqlRole creates a MySQL user with privs on the test database, dropped
-// when the test ends, and returns a DSN for it.
-func mysqlRole(t *testing.T, tg testdb.Target, privs string) string {
-	t.Helper()
-	db := tg.Open(t)
-	ctx := context.Background()
-	user := strings.TrimSuffix(tg.Prefix, "_") + "_app"
-	var schema string
-	if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
-		"CREATE USER '" + user + "'@'%' IDENTIFIED BY 'pw'",
-		"GRANT " + privs + " ON `" + schema + "`.* TO '" + user + "'@'%'",
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP USER IF EXISTS '"+user+"'@'%'") })
-	return testdb.WithUser(t, tg, user, "pw")
-}
-
-// logRecorder keeps the messages of the records logged through it.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *logRecorder) logger(next *slog.Logger) *slog.Logger {
-	return slog.New(recordingHandler{r: r, next: next.Handler()})
-}
-
-type recordingHandler struct {
-	r    *logRecorder
-	next slog.Handler
-}
-
-func (h recordingHandler) Enabled(ctx context.Context, l slog.Level) bool { return true }
-
-func (h recordingHandler) Handle(ctx context.Context, rec slog.Record) error {
-	h.r.add(rec.Message)
-	return h.next.Handle(ctx, rec)
-}
-
-func (h recordingHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return recordingHandler{r: h.r, next: h.next.WithAttrs(as)}
-}
-
-func (h recordingHandler) WithGroup(name string) slog.Handler {
-	return recordingHandler{r: h.r, next: h.next.WithGroup(name)}
-}
-
-func (r *logRecorder) add(msg string) {
-	r.mu.Lock()
-	r.msgs = append(r.msgs, msg)
-	r.mu.Unlock()
-}
-
-func (r *logRecorder) has(part string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, m := range r.msgs {
-		if strings.Contains(m, part) {
-			return true
-		}
-	}
-	return false
-}
-
 // An application role that does not own the cluster tables and holds only
 // the rights the README lists can lead, fence and advance tips, and cannot
 // remove or bypass the guards.
@@ -330,34 +233,4 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			}
 		})
 	}
-}
-
-// postgresRole creates a PostgreSQL login role with privs on the test's
-// tables, dropped when the test ends, and returns a DSN for it.
-func postgresRole(t *testing.T, tg testdb.Target, db *sql.DB, privs string) string {
-	t.Helper()
-	ctx := context.Background()
-	role := strings.TrimSuffix(tg.Prefix, "_") + "_app"
-	rows, err := db.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_name LIKE $1", tg.Prefix+"%")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tables []string
-	for rows.Next() {
-		var n string
-		rows.Scan(&n)
-		tables = append(tables, n)
-	}
-	rows.Close()
-	if _, err := db.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw'"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.ExecContext(context.Background(), "DROP OWNED BY "+role)
-		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role)
-	})
-	if _, err := db.ExecContext(ctx, "GRANT "+privs+" ON "+strings.Join(tables, ", ")+" TO "+role); err != nil {
-		t.Fatal(err)
-	}
-	return testdb.WithUser(t, tg, role, "pw")
 }

@@ -4,67 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
-
-// workLog records what leader work did, with monotonic timestamps, shared
-// by the nodes of one test.
-type workLog struct {
-	mu      sync.Mutex
-	entries []workEntry
-}
-
-type workEntry struct {
-	node, what string
-	token      uint64
-	at         time.Time
-}
-
-func (l *workLog) add(node, what string, token uint64) {
-	l.mu.Lock()
-	l.entries = append(l.entries, workEntry{node, what, token, time.Now()})
-	l.mu.Unlock()
-}
-
-func (l *workLog) find(node, what string) (workEntry, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range l.entries {
-		if e.node == node && e.what == what {
-			return e, true
-		}
-	}
-	return workEntry{}, false
-}
-
-// runWork runs leader work on n until the test ends: it logs start with the
-// term's token, waits for its context, then takes linger to stop (as work
-// finishing a batch would) and logs stop.
-func runWork(t *testing.T, n *node, log *workLog, linger time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- n.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
-			log.add(n.NodeID(), "start", token)
-			<-ctx.Done()
-			time.Sleep(linger)
-			log.add(n.NodeID(), "stop", token)
-			return ctx.Err()
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) && !errors.Is(err, cluster.ErrShutdown) {
-			t.Errorf("RunWhileLeader returned %v", err)
-		}
-	})
-}
 
 // Leader work starts on acquisition with the term's token; on Shutdown it
 // stops before the lease is released, so the next leader's work starts
@@ -113,7 +58,7 @@ func TestRunWhileLeaderCancelledWhenCutOff(t *testing.T) {
 			// renew can commit.
 			a = start(t, tg, "a")
 			blocker := tg.Open(t)
-			var tx *sqlTx
+			var tx *sql.Tx
 			cutOff = func() { tx = beginImmediate(t, blocker) }
 			restore = func() { tx.Rollback() }
 		} else {
@@ -124,18 +69,27 @@ func TestRunWhileLeaderCancelledWhenCutOff(t *testing.T) {
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
+		running := make(chan struct{}, 1)
 		cancelled := make(chan time.Time, 1)
 		wctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
 			done <- a.RunWhileLeader(wctx, func(ctx context.Context, token uint64) error {
+				select {
+				case running <- struct{}{}:
+				default: // a later term; the test waits for the first
+				}
 				<-ctx.Done()
 				cancelled <- time.Now()
 				return nil
 			})
 		}()
 		defer func() { stop(); <-done }()
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-running:
+		case <-time.After(time.Second):
+			t.Fatal("a's work did not start")
+		}
 		afterRenew(t, tg, tg.Open(t))
 		row := readLease(t, tg, tg.Open(t))
 		cutOff()
@@ -167,7 +121,8 @@ func TestResign(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		hold := func(c *cluster.Config) { c.ResignHoldOff = 500 * time.Millisecond }
+		const holdOff = 500 * time.Millisecond
+		hold := func(c *cluster.Config) { c.ResignHoldOff = holdOff }
 		a := start(t, tg, "a", hold)
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
@@ -185,24 +140,23 @@ func TestResign(t *testing.T) {
 			t.Fatal("a leads right after Resign")
 		}
 		waitFor(t, 2*time.Second, "a lone resigner to lead again", a.IsLeader)
-		if took := time.Since(began); took < 500*time.Millisecond {
-			t.Fatalf("a led again %v after resigning, within its 500ms hold-off", took)
+		if took := time.Since(began); took < holdOff {
+			t.Fatalf("a led again %v after resigning, within its %v hold-off", took, holdOff)
 		}
 
 		// With another candidate: the lease moves to it.
 		b := start(t, tg, "b", hold)
 		watchSingleLeader(t, a, b)
-		hb := 100 * time.Millisecond // testdb's HeartbeatInterval
 		began = time.Now()
 		if err := a.Resign(ctx); err != nil {
 			t.Fatal(err)
 		}
 		took := waitFor(t, 2*time.Second, "b to lead after a resigned", b.IsLeader)
 		t.Logf("b led %v after a resigned", took.Round(time.Millisecond))
-		if took > hb+200*time.Millisecond {
-			t.Errorf("b led %v after a resigned, want within one heartbeat (%v) and a round trip", took, hb)
+		if took > testdb.Heartbeat+200*time.Millisecond {
+			t.Errorf("b led %v after a resigned, want within one heartbeat (%v) and a round trip", took, testdb.Heartbeat)
 		}
-		time.Sleep(600 * time.Millisecond) // past a's hold-off
+		time.Sleep(holdOff + testdb.Heartbeat) // a sleep, as a is not to take the lease back, even past its hold-off
 		if a.IsLeader() {
 			t.Fatal("a took the lease back from b")
 		}
@@ -249,8 +203,8 @@ func TestLeaderChangedReachesFollowers(t *testing.T) {
 		}
 		for _, n := range []*node{b, c, pinned} {
 			took := waitFor(t, time.Second, n.NodeID()+" to learn of the new term", hasTerm(n, next.NodeID(), token))
-			if took > 300*time.Millisecond {
-				t.Errorf("%s learnt of the new term after %v, want within about one heartbeat", n.NodeID(), took)
+			if took > testdb.Heartbeat+200*time.Millisecond {
+				t.Errorf("%s learnt of the new term after %v, want within about one heartbeat (%v)", n.NodeID(), took, testdb.Heartbeat)
 			}
 		}
 		for _, e := range b.events.all() {
@@ -288,17 +242,4 @@ func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 			}
 		}
 	})
-}
-
-type sqlTx = sql.Tx
-
-// beginImmediate takes SQLite's write lock on db until the transaction
-// ends.
-func beginImmediate(t *testing.T, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(context.Background(), nil) // the test DSN uses _txlock=immediate
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
 }

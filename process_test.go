@@ -3,255 +3,13 @@
 package cluster_test
 
 import (
-	"bufio"
-	"context"
-	"database/sql"
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"os/signal"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
-
-// Environment of a child node process.
-const (
-	envChild   = "CLUSTER_TEST_CHILD" // its node ID
-	envDriver  = "CLUSTER_TEST_CHILD_DRIVER"
-	envDSN     = "CLUSTER_TEST_CHILD_DSN"
-	envPrefix  = "CLUSTER_TEST_CHILD_PREFIX"
-	envDialect = "CLUSTER_TEST_CHILD_DIALECT"
-)
-
-// childMain runs one cluster node in this process and reports on stdout,
-// one line each: "event <kind> <token> <reason>", "resumed leader=<bool>"
-// after the process was stopped, "quiet" when writes are paused (SIGUSR1;
-// SIGUSR2 resumes them), and "bye" after a clean Shutdown on SIGTERM.
-// While it leads it appends fenced rows (seq, token, node) to <prefix>writes.
-func childMain() int {
-	id, prefix := os.Getenv(envChild), os.Getenv(envPrefix)
-	dialect := cluster.Dialect(os.Getenv(envDialect))
-	var out sync.Mutex
-	say := func(format string, args ...any) {
-		out.Lock()
-		fmt.Printf(format+"\n", args...)
-		out.Unlock()
-	}
-	fail := func(err error) int {
-		say("error %v", err)
-		return 1
-	}
-	db, err := sql.Open(os.Getenv(envDriver), os.Getenv(envDSN))
-	if err != nil {
-		return fail(err)
-	}
-	defer db.Close()
-	ctx := context.Background()
-	c, err := cluster.New(ctx, cluster.Config{
-		NodeID:            id,
-		DB:                db,
-		TablePrefix:       prefix,
-		LeaseTTL:          time.Second,
-		HeartbeatInterval: 100 * time.Millisecond,
-		FenceTimeout:      700 * time.Millisecond,
-		OnTransition: func(e cluster.Event) {
-			say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
-		},
-	})
-	if err != nil {
-		return fail(err)
-	}
-
-	// Leader work reports when its term's context ends.
-	wctx, stopWork := context.WithCancel(ctx)
-	defer stopWork()
-	var workDone sync.WaitGroup
-	workDone.Go(func() {
-		c.RunWhileLeader(wctx, func(ctx context.Context, token uint64) error {
-			say("work-started %d", token)
-			<-ctx.Done()
-			say("work-stopped %d", token)
-			return nil
-		})
-	})
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2)
-	var writing atomic.Bool
-	writing.Store(true)
-	var writeMu sync.Mutex // held for the whole of each write transaction
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-
-	// The probe: a stop shows as a gap between iterations, and the first
-	// IsLeader after it must already be false.
-	wg.Go(func() {
-		last := time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			leader := c.IsLeader()
-			if gap := time.Since(last); gap > 300*time.Millisecond {
-				say("resumed leader=%v gap=%v", leader, gap.Round(time.Millisecond))
-			}
-			last = time.Now()
-		}
-	})
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			writeMu.Lock()
-			if writing.Load() && c.IsLeader() {
-				if err := fencedWrite(ctx, db, c.Fence, dialect, prefix, id); err != nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
-					say("write-error %v", err)
-				}
-			}
-			writeMu.Unlock()
-		}
-	})
-
-	for sig := range sigs {
-		switch sig {
-		case syscall.SIGUSR1:
-			writing.Store(false)
-			writeMu.Lock() // wait for a write in progress
-			writeMu.Unlock()
-			say("quiet")
-		case syscall.SIGUSR2:
-			writing.Store(true)
-		case syscall.SIGTERM:
-			close(done)
-			wg.Wait()
-			stopWork()
-			workDone.Wait()
-			if err := c.Shutdown(ctx); err != nil {
-				return fail(err)
-			}
-			say("bye")
-			return 0
-		}
-	}
-	return 0
-}
-
-// child is a node process seen from the test.
-type child struct {
-	id    string
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	lines []string
-	more  chan struct{}
-	exit  chan error
-}
-
-func spawn(t *testing.T, tg testdb.Target, id string) *child {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		envChild+"="+id, envDriver+"="+tg.Driver, envDSN+"="+tg.DSN,
-		envPrefix+"="+tg.Prefix, envDialect+"="+string(tg.Dialect))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{id: id, cmd: cmd, more: make(chan struct{}, 1), exit: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.mu.Lock()
-			c.lines = append(c.lines, sc.Text())
-			c.mu.Unlock()
-			select {
-			case c.more <- struct{}{}:
-			default:
-			}
-		}
-		c.exit <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-c.exit
-		c.exit <- nil // for a later waiter
-		for _, l := range c.output() {
-			t.Logf("%s| %s", id, l)
-		}
-	})
-	return c
-}
-
-func (c *child) output() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.lines...)
-}
-
-// has reports the first line starting with prefix.
-func (c *child) has(prefix string) (string, bool) { return c.hasSince(prefix, 0) }
-
-// hasSince reports the first line starting with prefix among the lines
-// from the from-th on.
-func (c *child) hasSince(prefix string, from int) (string, bool) {
-	out := c.output()
-	for _, l := range out[min(from, len(out)):] {
-		if strings.HasPrefix(l, prefix) {
-			return l, true
-		}
-	}
-	return "", false
-}
-
-// mark records how many lines each child has printed, for await.
-func mark(cs ...*child) map[*child]int {
-	m := map[*child]int{}
-	for _, c := range cs {
-		m[c] = len(c.output())
-	}
-	return m
-}
-
-func (c *child) signal(t *testing.T, s syscall.Signal) {
-	t.Helper()
-	if err := c.cmd.Process.Signal(s); err != nil {
-		t.Fatalf("signal %v to %s: %v", s, c.id, err)
-	}
-}
-
-// await waits for a line starting with prefix from any child of since,
-// printed after since was marked, and returns the child and the line.
-func await(t *testing.T, timeout time.Duration, prefix string, since map[*child]int) (*child, string) {
-	t.Helper()
-	var who *child
-	var line string
-	waitFor(t, timeout, fmt.Sprintf("%q from %d processes", prefix, len(since)), func() bool {
-		for c, from := range since {
-			if l, ok := c.hasSince(prefix, from); ok {
-				who, line = c, l
-				return true
-			}
-		}
-		return false
-	})
-	return who, line
-}
 
 // Nodes in separate processes: a leader stopped with SIGSTOP past its lease
 // sees IsLeader false at once when it resumes, a leader killed with SIGKILL
@@ -262,10 +20,27 @@ func TestMultiProcess(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		setup := tg.Open(t)
 		createWriteLog(t, tg, setup)
+		count := func(q string, args ...any) func() int64 {
+			return func() int64 {
+				var n int64
+				if err := setup.QueryRow(bind(tg.Dialect, q), args...).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		wrote := func(ch *child) func() bool {
+			rows := count("SELECT COUNT(*) FROM "+tg.Prefix+"writes WHERE node = ?", ch.id)
+			return func() bool { return rows() > 0 }
+		}
+		termsWritten := count("SELECT COUNT(DISTINCT token) FROM " + tg.Prefix + "writes")
 		a := spawn(t, tg, "a")
 		await(t, 20*time.Second, "event lease-acquired", mark(a))
 		b, c := spawn(t, tg, "b"), spawn(t, tg, "c")
-		time.Sleep(500 * time.Millisecond)
+		// b and c are up and see a lead, and a's term has written.
+		await(t, 20*time.Second, "event leader-changed", map[*child]int{b: 0})
+		await(t, 20*time.Second, "event leader-changed", map[*child]int{c: 0})
+		waitFor(t, 5*time.Second, "a's writes", wrote(a))
 
 		// Pause the leader past its lease, between two writes.
 		m := mark(a)
@@ -279,7 +54,8 @@ func TestMultiProcess(t *testing.T) {
 		a.signal(t, syscall.SIGSTOP)
 		stopped := time.Now()
 		second, _ := await(t, 10*time.Second, "event lease-acquired", mark(b, c))
-		time.Sleep(time.Until(stopped.Add(1500 * time.Millisecond)))
+		// Keep a stopped past its lease: a pause, not a wait for an event.
+		time.Sleep(time.Until(stopped.Add(3 * testdb.LeaseTTL / 2)))
 		a.signal(t, syscall.SIGCONT)
 		if _, l := await(t, 5*time.Second, "resumed", m); !strings.HasPrefix(l, "resumed leader=false") {
 			t.Fatalf("a resumed after %v believing it led: %q", time.Since(stopped), l)
@@ -299,8 +75,10 @@ func TestMultiProcess(t *testing.T) {
 		if acquiredAt >= 0 && acquiredAt < stoppedAt {
 			t.Fatalf("a led again before its old term's work context was cancelled: %q", a.output()[m[a]:])
 		}
+		m = mark(a)
 		a.signal(t, syscall.SIGUSR2)
-		time.Sleep(300 * time.Millisecond)
+		await(t, 5*time.Second, "writing", m)
+		waitFor(t, 5*time.Second, second.id+"'s writes", wrote(second))
 
 		// Kill the second leader outright; another process takes over once
 		// its lease expires.
@@ -313,7 +91,7 @@ func TestMultiProcess(t *testing.T) {
 		killed := time.Now()
 		third, _ = await(t, 10*time.Second, "event lease-acquired", m)
 		t.Logf("%s took over %v after SIGKILL", third.id, time.Since(killed).Round(time.Millisecond))
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, 5*time.Second, "writes under a third term", func() bool { return termsWritten() >= 3 })
 
 		survivors := []*child{a, b}
 		if second == b {

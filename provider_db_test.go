@@ -5,9 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -99,30 +96,6 @@ func TestMissingTableIsSchemaError(t *testing.T) {
 			t.Fatalf("Leader without the lease table = %v, want ErrSchema saying the table is missing", err)
 		}
 	})
-}
-
-// longestSchemaSuffix reads the schema files for the longest identifier
-// they build from the table prefix, {{prefix}} followed by [a-z0-9_]+, and
-// returns what follows the prefix.
-func longestSchemaSuffix(t testing.TB) string {
-	t.Helper()
-	files, err := filepath.Glob("schema/*.sql")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("schema files: %v, %v", files, err)
-	}
-	longest := ""
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range regexp.MustCompile(`\{\{prefix\}\}([a-z0-9_]+)`).FindAllSubmatch(b, -1) {
-			if len(m[1]) > len(longest) {
-				longest = string(m[1])
-			}
-		}
-	}
-	return longest
 }
 
 // The longest TablePrefix Validate accepts builds every table, trigger and

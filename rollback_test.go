@@ -178,7 +178,7 @@ func TestRollbackDetectedAtAcquisition(t *testing.T) {
 		if !errors.Is(e.Err, cluster.ErrRollbackDetected) || !strings.Contains(e.Err.Error(), `chain "audit"`) {
 			t.Fatalf("rollback event error = %v", e.Err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(5 * testdb.Heartbeat) // a sleep, as nothing is to happen: b would campaign every heartbeat
 		if b.IsLeader() {
 			t.Fatal("b leads over a rolled-back database")
 		}

@@ -59,7 +59,7 @@ func TestNewDoesNotQueueBehindFencedTransaction(t *testing.T) {
 			started <- err
 		}()
 		if tg.Dialect != cluster.SQLite { // SQLite readers never wait for a writer
-			time.Sleep(300 * time.Millisecond) // let b reach its schema check
+			time.Sleep(300 * time.Millisecond) // let b reach its schema check; nothing inside New signals it
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			_, err := reader.CurrentLeader(rctx)
 			cancel()
@@ -106,7 +106,7 @@ func TestTakeoverAfterLeaderVanishesInFencedTransaction(t *testing.T) {
 			}
 			proxy.Block() // a's host vanishes, its transaction open
 			vanished := time.Now()
-			ttl := tg.Config(t, nil, "x").LeaseTTL
+			ttl := testdb.LeaseTTL
 			bound := 2*ttl + time.Second
 			took := waitFor(t, bound, "b to take over from a leader that vanished inside a fenced transaction", b.IsLeader)
 			t.Logf("b took over %v after a vanished (LeaseTTL %v)", took.Round(time.Millisecond), ttl)
@@ -138,7 +138,8 @@ func TestMySQLLeaseStatementsEndWithTheirAttempt(t *testing.T) {
 	if _, err := a.Fence(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond) // about 25 attempts per node
+	const attempts = 25 * testdb.Heartbeat
+	time.Sleep(attempts) // a sleep: about 25 attempts per node, to pile up if they would
 	var waiting, old int
 	err = tg.Open(t).QueryRowContext(ctx,
 		"SELECT COUNT(*), COALESCE(SUM(TIME >= 1), 0) FROM information_schema.PROCESSLIST WHERE INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
@@ -146,7 +147,7 @@ func TestMySQLLeaseStatementsEndWithTheirAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("lease statements on the server after 2.5s behind a fenced transaction: %d, %d of them older than 1s", waiting, old)
+	t.Logf("lease statements on the server after %v behind a fenced transaction: %d, %d of them older than 1s", attempts, waiting, old)
 	if old > 0 || waiting > 3 {
 		t.Fatalf("%d lease statements wait on the server (%d older than 1s); want at most one per node, none older than its attempt", waiting, old)
 	}

@@ -56,22 +56,3 @@ func TestSchemaUpgradeFromVersion2(t *testing.T) {
 		}
 	})
 }
-
-// splitSQL splits a schema file as the package does: a statement ends at a
-// line that starts in column 0 and ends with ";".
-func splitSQL(src string) []string {
-	var out []string
-	var cur strings.Builder
-	for _, line := range strings.SplitAfter(src, "\n") {
-		trimmed := strings.TrimSpace(line)
-		if strings.HasPrefix(trimmed, "--") || (trimmed == "" && cur.Len() == 0) {
-			continue
-		}
-		cur.WriteString(line)
-		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
-			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
-			cur.Reset()
-		}
-	}
-	return out
-}

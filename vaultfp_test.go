@@ -33,22 +33,6 @@ var pinned = map[string]string{
 	pinnedRing: "49f72b71d07fac81868092cd34a0bd7e0a3711652b26f4fb1b5c0a7db56f70c75911575822876506cec5851d3e4b775ab4ec41221ea056f445679f5d078502f8",
 }
 
-// vaultKey derives the public key of scheme name from the seed
-// off, off+1, ..., off+SeedSize-1 (mod 256).
-func vaultKey(t *testing.T, name string, off byte) kem.PublicKey {
-	t.Helper()
-	s := schemes.ByName(name)
-	if s == nil {
-		t.Fatalf("circl has no KEM scheme %q", name)
-	}
-	seed := make([]byte, s.SeedSize())
-	for i := range seed {
-		seed[i] = off + byte(i)
-	}
-	pk, _ := s.DeriveKeyPair(seed)
-	return pk
-}
-
 // refFingerprint is an independent implementation of the documented
 // encoding, so that a change to the package's encoder fails the tests.
 func refFingerprint(t *testing.T, keys ...kem.PublicKey) string {

@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -57,56 +56,4 @@ func TestWitnessCatchesRestoreWithinTerm(t *testing.T) {
 			t.Log(err)
 		}
 	})
-}
-
-// restoreChain puts the audit chain back to counter k as a restore of the
-// whole database would: it removes the guard triggers, rewrites the rows
-// they protect, and clears the schema version so the next New recreates
-// the triggers.
-func restoreChain(t *testing.T, tg testdb.Target, db *sql.DB, table string, k int) {
-	t.Helper()
-	ctx := context.Background()
-	var list string
-	switch tg.Dialect {
-	case cluster.Postgres:
-		list = "SELECT t.tgname || ' ON ' || c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE NOT t.tgisinternal AND c.relname LIKE '" + tg.Prefix + "%'"
-	case cluster.MySQL:
-		list = "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE '" + tg.Prefix + "%'"
-	case cluster.SQLite:
-		list = "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE '" + tg.Prefix + "%'"
-	}
-	rows, err := db.QueryContext(ctx, list)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var triggers []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		triggers = append(triggers, n)
-	}
-	rows.Close()
-	if len(triggers) == 0 {
-		t.Fatal("no triggers found to remove")
-	}
-	for _, n := range triggers {
-		if _, err := db.ExecContext(ctx, "DROP TRIGGER "+n); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, st := range []struct {
-		q    string
-		args []any
-	}{
-		{"DELETE FROM " + table + " WHERE monotonic_counter > ?", []any{k}},
-		{"UPDATE " + tg.Prefix + "chain_tips SET at_counter = ?, row_hash = ? WHERE scope = 'audit'", []any{k, hashOf(k, "a")}},
-		{"UPDATE " + tg.Prefix + "high_water SET value = ? WHERE scope = 'chain/audit'", []any{k}},
-		{"DELETE FROM " + tg.Prefix + "schema_version", nil},
-	} {
-		if _, err := db.ExecContext(ctx, bind(tg.Dialect, st.q), st.args...); err != nil {
-			t.Fatalf("restore: %s: %v", st.q, err)
-		}
-	}
 }

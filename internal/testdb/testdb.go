@@ -154,17 +154,16 @@ func (tg Target) WithAddr(t testing.TB, addr string) string {
 	return ""
 }
 
-// Config returns a cluster configuration for node id on db with short,
-// test-sized timings: LeaseTTL 1s, HeartbeatInterval 100ms, FenceTimeout
-// 700ms, logging to t.
+// Config returns a cluster configuration for node id on db with the test
+// timings (LeaseTTL, Heartbeat, FenceTimeout), logging to t.
 func (tg Target) Config(t testing.TB, db *sql.DB, id string) cluster.Config {
 	return cluster.Config{
 		NodeID:                id,
 		DB:                    db,
 		TablePrefix:           tg.Prefix,
-		LeaseTTL:              time.Second,
-		HeartbeatInterval:     100 * time.Millisecond,
-		FenceTimeout:          700 * time.Millisecond,
+		LeaseTTL:              LeaseTTL,
+		HeartbeatInterval:     Heartbeat,
+		FenceTimeout:          FenceTimeout,
 		Endpoint:              "http://" + id + ".test:8080",
 		AllowInsecureEndpoint: true,
 		Logger:                Logger(t),

@@ -85,7 +85,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		if time.Since(start) > timeout {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the polling interval
 	}
 	return time.Since(start)
 }
@@ -134,96 +134,11 @@ func watchSingleLeader(t *testing.T, nodes ...*node) {
 				t.Errorf("two leaders at once: %v", leaders)
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // the sampling interval
 		}
 	}()
 	t.Cleanup(func() {
 		stop.Store(true)
 		<-done
 	})
-}
-
-// fakeProvider is a Provider whose behaviour each test sets.
-type fakeProvider struct {
-	AcquireFunc func(context.Context, cluster.LeaseRequest) (cluster.Lease, error)
-	RenewFunc   func(context.Context, cluster.Lease, time.Duration) (cluster.Lease, error)
-	ReleaseFunc func(context.Context, cluster.Lease) error
-	LeaderFunc  func(context.Context, string) (*cluster.Leader, error)
-}
-
-var _ cluster.Provider = (*fakeProvider)(nil)
-
-func (f *fakeProvider) Acquire(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
-	if f.AcquireFunc == nil {
-		return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, Endpoint: r.Endpoint, FencingToken: 1}, nil
-	}
-	return f.AcquireFunc(ctx, r)
-}
-
-func (f *fakeProvider) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) (cluster.Lease, error) {
-	if f.RenewFunc == nil {
-		return l, nil
-	}
-	return f.RenewFunc(ctx, l, ttl)
-}
-
-func (f *fakeProvider) Release(ctx context.Context, l cluster.Lease) error {
-	if f.ReleaseFunc == nil {
-		return nil
-	}
-	return f.ReleaseFunc(ctx, l)
-}
-
-func (f *fakeProvider) Leader(ctx context.Context, name string) (*cluster.Leader, error) {
-	if f.LeaderFunc == nil {
-		return nil, nil
-	}
-	return f.LeaderFunc(ctx, name)
-}
-
-// startFake starts a node over the fake provider p, shut down when the
-// test ends.
-func startFake(t *testing.T, p cluster.Provider) *node {
-	t.Helper()
-	log := &eventLog{}
-	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = log.add
-	c, err := cluster.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() { c.Shutdown(context.Background()) })
-	return &node{Cluster: c, events: log}
-}
-
-// fakeConfig is a configuration with short timings over p.
-func fakeConfig(t *testing.T, id string, p cluster.Provider) cluster.Config {
-	return cluster.Config{
-		NodeID:            id,
-		Provider:          p,
-		LeaseTTL:          time.Second,
-		HeartbeatInterval: 100 * time.Millisecond,
-		FenceTimeout:      700 * time.Millisecond,
-		Logger:            testdb.Logger(t),
-	}
-}
-
-// leaseRow is the timing of the lease row.
-type leaseRow struct{ renewed, expires int64 }
-
-// readLease reads the timing of the lease row.
-func readLease(t *testing.T, tg testdb.Target, db *sql.DB) leaseRow {
-	t.Helper()
-	var r leaseRow
-	if err := db.QueryRow("SELECT renewed_at, expires_at FROM "+tg.Prefix+"lease").Scan(&r.renewed, &r.expires); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-// afterRenew returns just after the lease row was renewed.
-func afterRenew(t *testing.T, tg testdb.Target, db *sql.DB) {
-	t.Helper()
-	before := readLease(t, tg, db)
-	waitFor(t, 5*time.Second, "a renew", func() bool { return readLease(t, tg, db).renewed != before.renewed })
 }
