@@ -68,7 +68,9 @@ func TestStatsAndObserver(t *testing.T) {
 		b := start(t, tg, "b", slowRenew)
 		expireLease(t, tg, a.db)
 		a.events.wait(t, cluster.EventLeaseLost, 2*time.Second)
-		if s := a.Stats(); s.Leader || s.LossesTaken+s.SelfFences != 1 {
+		// a may have taken the lease straight back (b polls slowly): only
+		// the loss is certain.
+		if s := a.Stats(); s.LossesTaken+s.SelfFences != 1 {
 			t.Fatalf("stats after losing the lease: %+v", s)
 		}
 		waitFor(t, 2*time.Second, "the renew observed as lost", func() bool { return ops.count(cluster.OpRenew, cluster.OutcomeLost) > 0 })
