@@ -219,9 +219,12 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		t := c.newTerm(l, start)
 		c.mu.Lock()
 		if c.stopped {
+			// Shutdown began meanwhile: give back the term just granted.
 			t.end()
-			c.unsure = true // Shutdown releases it
 			c.mu.Unlock()
+			if c.release(ctx, l) != nil {
+				c.setUnsure(true) // Shutdown tries once more
+			}
 			return 0
 		}
 		c.stats.termStart.Store(time.Now().UnixNano())
@@ -309,7 +312,10 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 
 // release expires term l in the store, bounded by one heartbeat.
 func (c *Cluster) release(ctx context.Context, l Lease) error {
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	// Not cancelled by Shutdown: a term this node ended must be released
+	// even when Shutdown (from a handler of the ending, say) stops the
+	// heartbeat meanwhile; the release is bounded by one heartbeat.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
 	defer cancel()
 	start := mono()
 	err := c.provider.Release(rctx, l)
