@@ -143,7 +143,8 @@ func parseQueries(src string) map[string]string {
 }
 
 // splitStatements splits a schema file into statements: each ends at a line
-// that starts in column 0 and ends with ";". Comment lines are dropped.
+// that starts in column 0 and ends with ";", or at the end of the file.
+// Comment lines are dropped.
 func splitStatements(src string) []string {
 	var out []string
 	var cur strings.Builder
@@ -157,6 +158,9 @@ func splitStatements(src string) []string {
 			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
 			cur.Reset()
 		}
+	}
+	if last := strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"); last != "" {
+		out = append(out, last) // a last statement whose final line is indented
 	}
 	return out
 }
