@@ -78,6 +78,17 @@ type queries struct {
 	LeaseExpire     string `sql:"lease_expire"`     // name
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
+	// Lanes (lanes.go, provider_lanes.go) and the config version.
+	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, scope, lane
+	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
+	LaneRead       string `sql:"lane_read"`        // scope, lane
+	LaneCreate     string `sql:"lane_create"`      // scope, lane
+	LaneRelease    string `sql:"lane_release"`     // scope, lane, holder, instance
+	LaneReleaseAll string `sql:"lane_release_all"` // scope, holder, instance
+	LaneJoin       string `sql:"lane_join"`        // scope, instance
+	ConfigRead     string `sql:"config_read"`      // scope
+	ConfigCreate   string `sql:"config_create"`    // scope
+	ConfigBump     string `sql:"config_bump"`      // scope
 }
 
 // loadQueries fills the string fields of the struct dst points to, and
