@@ -163,11 +163,12 @@ func (c *Cluster) Lanes() []string {
 //
 // Share: a node may hold at most ⌈lanes / members⌉ lanes, where lanes
 // counts the lanes of this cluster (this LeaseName) held by any node
-// within the node timeout (LeaseTTL plus three heartbeats), the lane
-// claimed included, and members the live members that take lanes (that
-// ever called ClaimLane), this node included. The keeper hands over the
-// lanes above the share, the most recently claimed first, at its next
-// heartbeat; see the README's "Partitioned work".
+// within the last LeaseTTL plus a heartbeat (claimed, renewed or released
+// that recently), the lane claimed included, and members counts the
+// members that take lanes (that called ClaimLane) seen within that
+// window, this node included. The keeper hands over the lanes above the
+// share, the most recently claimed first, at its next heartbeat; see the
+// README's "Partitioned work".
 //
 // Cost: one statement in tx to renew a lane this node holds (two on
 // MySQL, which reads the row back; MariaDB also sets the session's idle
@@ -208,7 +209,7 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 	}
 	reserved := false
 	if !held {
-		window := c.memberTimeout()
+		window := c.laneWindow()
 		l, census, err := store.PeekLane(ctx, tx, req, window)
 		if err != nil {
 			return 0, err
@@ -275,6 +276,15 @@ func (c *Cluster) enterClaim() bool {
 	}
 	c.lanes.claims.add()
 	return true
+}
+
+// laneWindow is how recently a lane must have been held, and a member
+// that takes lanes seen, to count in the fair share: a lane TTL and a
+// heartbeat. A node that takes lanes is seen every heartbeat (see
+// refreshLanes), so a crashed one stops counting about when its lanes
+// expire, and the others can take them.
+func (c *Cluster) laneWindow() time.Duration {
+	return c.cfg.LeaseTTL + c.cfg.HeartbeatInterval
 }
 
 // laneLimit is how many lanes this node may hold given census; counted
@@ -425,9 +435,19 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		}
 		cancel()
 	}
+	if c.members != nil && c.joined.Load() && !c.members.SeenByLease() {
+		// Where the lease statements do not refresh membership, the keeper
+		// does, every heartbeat: the fair share counts a member as live
+		// only while it was seen within the lane window.
+		sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		if err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance); err != nil && ctx.Err() == nil {
+			c.log.DebugContext(ctx, "cluster: membership refresh for lanes failed", "err", err)
+		}
+		cancel()
+	}
 	start := mono()
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	rep, err := store.RenewLanes(rctx, c.cfg.LeaseName, c.instance, c.cfg.LeaseTTL, c.memberTimeout())
+	rep, err := store.RenewLanes(rctx, c.cfg.LeaseName, c.instance, c.cfg.LeaseTTL, c.laneWindow())
 	cancel()
 	c.keeperResult(ctx, "renew lanes", err)
 	if err != nil {

@@ -324,7 +324,7 @@ func TestLanesOfCrashedNodeClaimedAfterTTL(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 			return len(claimed) == len(keys)
 		})
-		t.Logf("a's lanes claimed by b after %v (LeaseTTL 1s; the second waits for a to be no longer live)", claimed)
+		t.Logf("a's lanes claimed by b after %v (LeaseTTL 1s, heartbeat 100ms; the second waits for a to drop out of the fair share, a heartbeat later)", claimed)
 		for k, d := range claimed {
 			// a's last renewal ran at most a heartbeat before the crash.
 			if d < 800*time.Millisecond {
