@@ -51,12 +51,17 @@ func createLaneLog(t *testing.T, tg testdb.Target, db *sql.DB) {
 // read after the claim, so seq order is the lane's commit order; its
 // token is the one the claim returned.
 func laneWrite(ctx context.Context, n *node, d cluster.Dialect, prefix, key string) (uint64, error) {
-	tx, err := n.db.BeginTx(ctx, nil)
+	return laneWriteOn(ctx, n.Cluster, n.db, d, prefix, key)
+}
+
+// laneWriteOn is laneWrite for a member c writing through db.
+func laneWriteOn(ctx context.Context, c *cluster.Cluster, db *sql.DB, d cluster.Dialect, prefix, key string) (uint64, error) {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
-	token, err := n.ClaimLane(ctx, tx, key)
+	token, err := c.ClaimLane(ctx, tx, key)
 	if err != nil {
 		return 0, err
 	}
@@ -74,7 +79,7 @@ func laneWrite(ctx context.Context, n *node, d cluster.Dialect, prefix, key stri
 	if _, err := tx.ExecContext(ctx, bind(d, "UPDATE "+prefix+"lane_seq SET n = ? WHERE lane = ?"), s, key); err != nil {
 		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"lane_writes (lane, seq, token, node) VALUES (?, ?, ?, ?)"), key, s, token, n.NodeID()); err != nil {
+	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"lane_writes (lane, seq, token, node) VALUES (?, ?, ?, ?)"), key, s, token, c.NodeID()); err != nil {
 		return 0, err
 	}
 	return token, tx.Commit()
