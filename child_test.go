@@ -109,6 +109,7 @@ func childMain() int {
 			last = time.Now()
 		}
 	})
+	childLanes(ctx, c, db, dialect, prefix, say, done, &wg) // lanes_process_test.go
 	wg.Go(func() {
 		for {
 			select {
@@ -161,12 +162,15 @@ type child struct {
 	exit  chan error
 }
 
-func spawn(t *testing.T, tg testdb.Target, id string) *child {
+// spawn starts node id in a process of its own; env adds to its
+// environment.
+func spawn(t *testing.T, tg testdb.Target, id string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envChild+"="+id, envDriver+"="+tg.Driver, envDSN+"="+tg.DSN,
 		envPrefix+"="+tg.Prefix, envDialect+"="+string(tg.Dialect))
+	cmd.Env = append(cmd.Env, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -93,6 +93,9 @@ type Cluster struct {
 	stats        stats
 	// lookupFailing is set while discovery lookups fail, to log once.
 	lookupFailing atomic.Bool
+
+	lanes laneState   // lanes.go: this node's lanes and the keeper
+	conf  configState // configversion.go: the config version seen
 }
 
 // term is one acquired lease and the end of this node's belief in it.
@@ -493,6 +496,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
 		}
 	}
+	c.stopKeeper(ctx) // releases this node's lanes (lanes.go)
 	c.leave(ctx)
 	c.events.close()
 	if !waitHandlers {

@@ -243,6 +243,14 @@ type Config struct {
 	// blessed fingerprint, so a stale or mistyped key file is still
 	// refused. Requires AcceptVaultKeyRotation.
 	ExpectedVaultKeyFingerprint string
+
+	// MaxLanes caps how many lanes this node holds at once (see
+	// [Cluster.ClaimLane]): a claim beyond it fails with [ErrLaneLimit],
+	// and the keeper hands over any lane above it, as it does above the
+	// node's fair share. It protects a node from taking more partitions
+	// than it can work on. Default 0: no cap but the fair share. Must not
+	// be negative.
+	MaxLanes int
 }
 
 // Validate reports whether c, with its defaults applied, is a valid
@@ -346,6 +354,9 @@ func (c Config) resolve() (Config, error) {
 	c.Chains = chains
 	if err := c.resolveVaultKeys(); err != nil {
 		return c, err
+	}
+	if c.MaxLanes < 0 {
+		return c, configErrorf("MaxLanes (%d) must not be negative; 0 means no cap but the fair share", c.MaxLanes)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -81,6 +81,17 @@ type queries struct {
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
 	StoreIdentity   string `sql:"store_identity"`   // (none)
+	// Lanes (lanes.go, provider_lanes.go) and the config version.
+	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, scope, lane
+	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
+	LaneRead       string `sql:"lane_read"`        // scope, lane
+	LaneCreate     string `sql:"lane_create"`      // scope, lane
+	LaneRelease    string `sql:"lane_release"`     // scope, lane, holder, instance
+	LaneReleaseAll string `sql:"lane_release_all"` // scope, holder, instance
+	LaneJoin       string `sql:"lane_join"`        // scope, instance
+	ConfigRead     string `sql:"config_read"`      // scope
+	ConfigCreate   string `sql:"config_create"`    // scope
+	ConfigBump     string `sql:"config_bump"`      // scope
 }
 
 // loadQueries fills the string fields of the struct dst points to, and
@@ -146,7 +157,8 @@ func parseQueries(src string) map[string]string {
 }
 
 // splitStatements splits a schema file into statements: each ends at a line
-// that starts in column 0 and ends with ";". Comment lines are dropped.
+// that starts in column 0 and ends with ";", or at the end of the file.
+// Comment lines are dropped.
 func splitStatements(src string) []string {
 	var out []string
 	var cur strings.Builder
@@ -160,6 +172,9 @@ func splitStatements(src string) []string {
 			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
 			cur.Reset()
 		}
+	}
+	if last := strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"); last != "" {
+		out = append(out, last) // a last statement whose final line is indented
 	}
 	return out
 }

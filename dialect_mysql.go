@@ -33,6 +33,7 @@ type mySQL struct {
 		IdleTimeout     string `sql:"idle_timeout"`      // seconds
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
+		laneRenewQueries
 	}
 	// mariadb is learnt by prepare: MariaDB bounds a whole statement and
 	// can end an idle transaction; MySQL 8 takes hints and cannot.

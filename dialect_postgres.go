@@ -20,6 +20,7 @@ type postgres struct {
 		queries
 		CurrentSchema string `sql:"current_schema"` // (none)
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
+		pgLaneQueries
 	}
 }
 

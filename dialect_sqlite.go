@@ -18,6 +18,7 @@ type sqlite struct {
 		queries
 		BusyTimeout string `sql:"busy_timeout"` // (none)
 		SchemaLock  string `sql:"schema_lock"`  // (none)
+		laneRenewQueries
 	}
 }
 

@@ -56,11 +56,34 @@
 // a process paused between checking the context and writing is refused by
 // the database.
 //
+// # Partitioned work
+//
+// Lanes spread keyed work (partitions, per-tenant queues, a sharded
+// scheduler) over the nodes: [Cluster.ClaimLane] claims a key for this node
+// inside the caller's transaction, which is the authority and holds the
+// claim until it ends, and returns the key's own fencing token, which
+// grows with every new claim and stays the same while the owner renews.
+// A worker calls it first in every transaction that processes the key's
+// next item; a node that lost the lane is refused ([ErrLaneHeld]).
+// [Cluster.OwnsLane] is an allocation-free hint from a cache that a keeper
+// goroutine refreshes when it renews the node's lanes, once per heartbeat.
+// A node holds at most its fair share, ⌈lanes / members⌉, and
+// [Config.MaxLanes]; the keeper hands over the lanes above it
+// ([ErrLaneLimit] refuses a claim above it). [Cluster.Shutdown] releases
+// the node's lanes at once; the lanes of a node that died expire after
+// [Config.LeaseTTL] by the database clock.
+//
+// [Cluster.BumpConfigVersion] increments a number per cluster that only
+// grows; every other node that watches it ([Cluster.ConfigVersion],
+// [Cluster.ConfigVersionCached]) emits config-version-changed within about
+// a heartbeat.
+//
 // # Events
 //
 // Handlers registered with [Cluster.OnTransition] or [Config.OnTransition]
 // receive this node's transitions (lease-acquired, lease-lost,
-// lease-released, rollback-detected, vault-key-rotated) and
+// lease-released, rollback-detected, vault-key-rotated,
+// config-version-changed) and
 // leader-changed, which every node emits, followers included, when it
 // learns of a new term or of the lease becoming free. Candidates learn it
 // from the attempts they make anyway; nodes with [RoleFollower] read the
@@ -93,7 +116,8 @@
 // none is granted twice. Each guard raises its own SQLSTATE, mapped to a
 // sentinel ([ErrStaleFencingToken], [ErrTipBackwards], [ErrTipRewritten],
 // [ErrTipDeleted], [ErrLeaseDeleted], [ErrTokenLowered],
-// [ErrRollbackDetected]). The README's "What holds on each dialect" says
+// [ErrRollbackDetected], [ErrLaneDeleted]). Lane rows carry the same
+// guards: a lane's token never goes back and is never granted twice. The README's "What holds on each dialect" says
 // what MySQL cannot trap and what an operator must configure.
 //
 // [Cluster.Fence] checks the term inside the caller's transaction and holds
@@ -146,7 +170,11 @@
 // it shows; errors wrapping [ErrNotLeader] carry HTTP status 503. The
 // discovery handler never shows Init's error, only the short reason.
 // [AdvanceTip] answers as Fence, except that before Init it returns an
-// error wrapping [ErrInvalidConfig]. [CurrentNodeID] is [SingleNodeID]
+// error wrapping [ErrInvalidConfig]. [ClaimLane] answers as Fence, and
+// [OwnsLane] as IsLeader: in single-node mode this process owns every lane
+// and claims with token 0. [ConfigVersion] and [BumpConfigVersion] answer
+// as CurrentLeader, except that in single-node mode the version is 0 and a
+// bump changes nothing. [CurrentNodeID] is [SingleNodeID]
 // until Init is called, and from then on the NodeID given to the last Init
 // (SingleNodeID if that NodeID was itself invalid).
 //

@@ -143,3 +143,47 @@ func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
 func configErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
+
+// Errors of lanes (see [Cluster.ClaimLane]).
+var (
+	// ErrLaneHeld reports that another node holds an unexpired claim on
+	// the lane asked for. The error is a [*LaneHeldError] with the details.
+	ErrLaneHeld = errors.New("cluster: lane held by another node")
+
+	// ErrLaneLimit reports that a claim would take this node past its
+	// share of the lanes or past [Config.MaxLanes]; the message says which.
+	// Another node is expected to take the lane.
+	ErrLaneLimit = errors.New("cluster: lane limit reached")
+
+	// ErrLaneDeleted reports an attempt to delete, truncate or rename a
+	// lane row, which would start its fencing tokens again at 1; the
+	// database refuses it.
+	ErrLaneDeleted = errors.New("cluster: lane rows may not be deleted")
+)
+
+// LaneHeldError reports who holds the lane that a claim wanted. It matches
+// [ErrLaneHeld] with [errors.Is].
+type LaneHeldError struct {
+	// Lane is the lane's key.
+	Lane string
+	// Holder is the NodeID of the node holding the lane.
+	Holder string
+	// Instance identifies the holder's process.
+	Instance string
+	// FencingToken is the lane's token under the holder's claim.
+	FencingToken uint64
+	// ExpiresAt is when the claim expires unless renewed, by the database
+	// clock. Do not compare it with the local clock; use Remaining.
+	ExpiresAt time.Time
+	// Remaining is how long the claim had left, by the database clock, when
+	// it was read.
+	Remaining time.Duration
+}
+
+func (e *LaneHeldError) Error() string {
+	return fmt.Sprintf("cluster: lane %q held by node %q (fencing token %d) for another %v",
+		e.Lane, e.Holder, e.FencingToken, e.Remaining.Round(time.Millisecond))
+}
+
+// Is reports whether target is [ErrLaneHeld].
+func (e *LaneHeldError) Is(target error) bool { return target == ErrLaneHeld }

@@ -44,6 +44,11 @@ const (
 	// fingerprint under [Config.AcceptVaultKeyRotation]. Detail holds the
 	// fingerprint prefixes and the new rotation epoch.
 	EventVaultKeyRotated EventKind = "vault-key-rotated"
+	// EventConfigVersionChanged: this node saw the cluster's config version
+	// grow (see [Cluster.ConfigVersion]), to the event's ConfigVersion,
+	// through another node's [Cluster.BumpConfigVersion]. A node's own bump
+	// emits nothing on that node.
+	EventConfigVersionChanged EventKind = "config-version-changed"
 )
 
 // A Reason says why a term ended.
@@ -83,6 +88,8 @@ type Event struct {
 	Detail string
 	// Err is the error behind a rollback-detected event.
 	Err error
+	// ConfigVersion is the new version in a config-version-changed event.
+	ConfigVersion uint64
 }
 
 // dispatcher delivers events to handlers in order on its own goroutine, so

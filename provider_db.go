@@ -27,8 +27,9 @@ var schemaFS embed.FS
 // DBProvider is the default [Provider]: one row per lease in the table
 // <prefix>lease of a PostgreSQL, MySQL/MariaDB or SQLite database. It
 // also implements every optional capability ([Fencer], [ChainStore],
-// [StateStore], [InstanceReleaser], [Initializer]), so a type that embeds
-// a *DBProvider to add metrics or tracing keeps them all.
+// [StateStore], [InstanceReleaser], [Initializer], [LaneStore],
+// [ConfigStore]), so a type that embeds a *DBProvider to add metrics or
+// tracing keeps them all.
 //
 // [New] builds one over [Config.DB] when [Config.Provider] is nil. Build
 // one yourself with [NewDBProvider] (database/sql), clusterpgx.NewProvider
@@ -688,8 +689,9 @@ var guardErrors = map[string]struct {
 	"SF004": {ErrLeaseDeleted, "the database refused to delete, truncate or rename a lease row"},
 	"SF005": {ErrTipRewritten, "the database refused to record another hash at a chain tip's counter"},
 	"SF006": {ErrTokenLowered, "the database refused to lower a fencing token or a high-water mark"},
-	"SF007": {ErrRollbackDetected, "the lease row is below the highest fencing token the database ever granted: it was truncated or restored on its own; " +
-		"an operator must restore the token (see the README) before any node may lead"},
+	"SF007": {ErrRollbackDetected, "the lease or lane row is below the highest fencing token the database ever granted it: it was truncated or restored on its own; " +
+		"an operator must restore the token (see the README) before it is granted again"},
+	"SF008": {ErrLaneDeleted, "the database refused to delete, truncate or rename a lane row"},
 }
 
 // wrap turns a driver error into one that says what went wrong, wrapping

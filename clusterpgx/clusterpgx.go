@@ -9,6 +9,7 @@
 //	tx, err := pool.Begin(ctx)
 //	defer tx.Rollback(ctx)
 //	token, err := clusterpgx.Fence(ctx, c, tx) // errors.Is(err, cluster.ErrStaleFencingToken) when stale
+//	// or, for partitioned work: token, err := clusterpgx.ClaimLane(ctx, c, tx, "orders-3")
 //	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
 //	err = tx.Commit(ctx)
 //
@@ -50,6 +51,14 @@ func NewProviderWithPrefix(pool *pgxpool.Pool, tablePrefix string) (*cluster.DBP
 // It returns the token of the term it verified, for the rows tx writes.
 func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
 	return c.FenceWith(ctx, Querier(tx))
+}
+
+// ClaimLane claims lane key in tx, a transaction of pgx, with c, and
+// returns the lane's fencing token; see [cluster.Cluster.ClaimLane]. Call
+// it first in every transaction that works on the lane. With cluster.Init,
+// use cluster.ClaimLaneWith(ctx, clusterpgx.Querier(tx), key).
+func ClaimLane(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, key string) (uint64, error) {
+	return c.ClaimLaneWith(ctx, Querier(tx), key)
 }
 
 // AdvanceTip records a chain tip in tx, a transaction of pgx, with c; see

@@ -17,7 +17,8 @@
 --   SF001 stale fencing token          SF002 chain tip moving backwards
 --   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
 --   SF005 chain tip rewritten          SF006 fencing token lowered
---   SF007 fencing token below the high-water mark (a lease row went back)
+--   SF007 fencing token below the high-water mark (a lease or lane row went
+--         back)                      SF008 lane deleted or renamed
 --
 -- What MySQL cannot guard: TRUNCATE fires no trigger (it needs the DROP
 -- privilege: withhold it from the application's role); the high-water mark
@@ -48,10 +49,11 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lease (
     CONSTRAINT {{prefix}}lease_token_nonneg CHECK (fencing_token >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- The highest fencing token ever granted per lease ('lease/<name>') and the
--- highest counter ever recorded per chain tip ('chain/<name>').
+-- The highest fencing token ever granted per lease ('lease/<name>') and per
+-- lane ('lane/...', see the lanes table), and the highest counter ever
+-- recorded per chain tip ('chain/<name>').
 CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
-    scope VARCHAR(140) NOT NULL PRIMARY KEY,
+    scope VARCHAR(300) NOT NULL PRIMARY KEY,
     value BIGINT       NOT NULL,
     CONSTRAINT {{prefix}}high_water_nonneg CHECK (value >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
@@ -222,6 +224,99 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     started_at BIGINT        NOT NULL,
     last_seen  BIGINT        NOT NULL,
     status     VARCHAR(8)    NOT NULL,
+    -- 1 once the node claimed a lane: it counts towards the lanes' fair share.
+    takes_lanes TINYINT      NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance),
     CONSTRAINT {{prefix}}nodes_status CHECK (status IN ('active', 'left'))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- Lanes: partitioned work. One row per lane key of a lease name (scope),
+-- naming the node process (instance) that owns the lane until expires_at,
+-- by the database clock, under a fencing token of the lane's own: it grows
+-- with every new claim and is kept by renewal, release and expiry. A row
+-- with token 0 is a lane never claimed. Rows are never deleted, so a key
+-- claimed again continues from its token; the highest token each lane was
+-- granted is kept in high_water under 'lane/<length of scope>/<scope>/<lane>'
+-- (the length keeps two scope and lane pairs from sharing a mark). TRUNCATE
+-- cannot be trapped: the next claim of a truncated lane starts again at 1,
+-- below its mark, and fails with SF007.
+CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
+    scope         VARCHAR(128) NOT NULL,
+    lane          VARCHAR(128) NOT NULL,
+    holder        VARCHAR(255) NOT NULL,
+    instance      VARCHAR(64)  NOT NULL,
+    fencing_token BIGINT       NOT NULL,
+    acquired_at   BIGINT       NOT NULL,
+    renewed_at    BIGINT       NOT NULL,
+    expires_at    BIGINT       NOT NULL,
+    PRIMARY KEY (scope, lane),
+    KEY {{prefix}}lanes_by_instance (scope, instance),
+    CONSTRAINT {{prefix}}lanes_token_nonneg CHECK (fencing_token >= 0)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TRIGGER {{prefix}}lanes_insert_v3
+BEFORE INSERT ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    DECLARE mark BIGINT DEFAULT NULL;
+    IF NEW.fencing_token <> 0 THEN
+        SELECT value INTO mark FROM {{prefix}}high_water
+            WHERE scope = CONCAT('lane/', CHAR_LENGTH(NEW.scope), '/', NEW.scope, '/', NEW.lane);
+        IF NEW.fencing_token < mark THEN
+            SIGNAL SQLSTATE 'SF007' SET MESSAGE_TEXT = 'sqlfence: a lane fencing token below the high-water mark: the lane row went back';
+        END IF;
+        INSERT INTO {{prefix}}high_water (scope, value)
+            VALUES (CONCAT('lane/', CHAR_LENGTH(NEW.scope), '/', NEW.scope, '/', NEW.lane), NEW.fencing_token)
+            ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value));
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lanes_update_v3
+BEFORE UPDATE ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    DECLARE mark BIGINT DEFAULT NULL;
+    IF BINARY NEW.scope <> BINARY OLD.scope OR BINARY NEW.lane <> BINARY OLD.lane THEN
+        SIGNAL SQLSTATE 'SF008' SET MESSAGE_TEXT = 'sqlfence: a lane may not be renamed';
+    END IF;
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lane fencing token may not go back';
+    END IF;
+    IF NEW.fencing_token > OLD.fencing_token THEN
+        SELECT value INTO mark FROM {{prefix}}high_water
+            WHERE scope = CONCAT('lane/', CHAR_LENGTH(NEW.scope), '/', NEW.scope, '/', NEW.lane);
+        IF NEW.fencing_token < mark THEN
+            SIGNAL SQLSTATE 'SF007' SET MESSAGE_TEXT = 'sqlfence: a lane fencing token below the high-water mark: the lane row went back';
+        END IF;
+        INSERT INTO {{prefix}}high_water (scope, value)
+            VALUES (CONCAT('lane/', CHAR_LENGTH(NEW.scope), '/', NEW.scope, '/', NEW.lane), NEW.fencing_token)
+            ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value));
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lanes_delete_v3
+BEFORE DELETE ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    SIGNAL SQLSTATE 'SF008' SET MESSAGE_TEXT = 'sqlfence: a lane may not be deleted: its fencing tokens would start again at 1';
+END;
+
+-- The configuration version of each lease name (scope): nodes learn of a
+-- change by seeing it grow. It never goes back and is never deleted.
+CREATE TABLE IF NOT EXISTS {{prefix}}config (
+    scope          VARCHAR(128) NOT NULL PRIMARY KEY,
+    config_version BIGINT       NOT NULL,
+    updated_at     BIGINT       NOT NULL,
+    CONSTRAINT {{prefix}}config_version_nonneg CHECK (config_version >= 0)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TRIGGER {{prefix}}config_update_v3
+BEFORE UPDATE ON {{prefix}}config FOR EACH ROW
+BEGIN
+    IF BINARY NEW.scope <> BINARY OLD.scope OR NEW.config_version < OLD.config_version THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not go back';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}config_delete_v3
+BEFORE DELETE ON {{prefix}}config FOR EACH ROW
+BEGIN
+    SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not be deleted';
+END;

@@ -233,3 +233,119 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?;
 -- args: none. Names the database, so nodes in one process that reach it
 -- through different pools wake each other on a release.
 SELECT CONCAT(@@hostname, ':', @@port, '/', DATABASE());
+-- name: lane_peek
+-- args: scope, window ms, scope, instance, scope, instance, window ms,
+-- scope, lane. Reads a lane without locking it, and what its fair share is
+-- computed from: holder, instance, token, acquired, renewed, expires (NULL
+-- when the lane has no row), the lanes of scope held within the window,
+-- the instance's unexpired lanes, the other live members that take lanes,
+-- now.
+SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
+       (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
+            AND renewed_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ? AND instance = ?
+            AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000),
+       (SELECT COUNT(*) FROM {{prefix}}nodes WHERE scope = ? AND instance <> ? AND status = 'active' AND takes_lanes = 1
+            AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.lane = ?;
+
+-- name: lane_claim
+-- args: holder, instance, ttl ms, scope, lane, instance, timeout ms (applied
+-- by the bound_* prefix and idle_timeout, not here). Claims a lane that is
+-- free or expired (a new token) or renews the instance's own (the same
+-- token), in the caller's transaction, whose row lock holds the claim until
+-- it ends. MySQL assigns left to right, so the token and acquired_at are
+-- set while expires_at still has its old value; renewed_at always grows, so
+-- a claimed row always counts as changed.
+UPDATE {{prefix}}lanes
+SET fencing_token = IF(expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, fencing_token + 1, fencing_token),
+    acquired_at   = IF(expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+                       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, acquired_at),
+    holder        = ?,
+    instance      = ?,
+    renewed_at    = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
+    expires_at    = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?
+WHERE scope = ? AND lane = ?
+  AND ((instance = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+       OR expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+  AND ? IS NOT NULL;
+
+-- name: lane_read
+-- args: scope, lane. Returns holder, instance, token, acquired, renewed,
+-- expires, now.
+SELECT holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM {{prefix}}lanes WHERE scope = ? AND lane = ?;
+
+-- name: lane_create
+-- args: scope, lane. A free lane row with token 0, if there is none.
+INSERT INTO {{prefix}}lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at)
+VALUES (?, ?, '', '', 0, 0, 0, 0)
+ON DUPLICATE KEY UPDATE scope = scope;
+
+-- name: lane_renew
+-- args: ttl ms, scope, instance. Renews every unexpired lane of the
+-- instance, in one statement.
+UPDATE {{prefix}}lanes
+SET renewed_at = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
+    expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?
+WHERE scope = ? AND instance = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: lane_report
+-- args: scope, window ms, scope, instance, window ms, scope, scope,
+-- instance. One row per unexpired lane of the instance (one row with NULL
+-- lane columns when it has none): the lanes of scope held within the
+-- window, the other live members that take lanes, the config version (NULL
+-- when none), now, lane, token, acquired, expires.
+SELECT (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
+            AND renewed_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       (SELECT COUNT(*) FROM {{prefix}}nodes WHERE scope = ? AND instance <> ? AND status = 'active' AND takes_lanes = 1
+            AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       (SELECT config_version FROM {{prefix}}config WHERE scope = ?),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+       l.lane, l.fencing_token, l.acquired_at, l.expires_at
+FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.instance = ?
+    AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: lane_release
+-- args: scope, lane, holder, instance. Ends the instance's claim at once,
+-- keeping the token; renewed_at records when, for the fair share's window.
+UPDATE {{prefix}}lanes
+SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+WHERE scope = ? AND lane = ? AND holder = ? AND instance = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: lane_release_all
+-- args: scope, holder, instance. Ends every claim of the instance at once.
+UPDATE {{prefix}}lanes
+SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+WHERE scope = ? AND holder = ? AND instance = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
+-- name: lane_join
+-- args: scope, instance. The member takes lanes: it counts towards their
+-- fair share while it is live.
+UPDATE {{prefix}}nodes SET takes_lanes = 1 WHERE scope = ? AND instance = ?;
+
+-- name: config_read
+-- args: scope.
+SELECT config_version FROM {{prefix}}config WHERE scope = ?;
+
+-- name: config_create
+-- args: scope. The version row at 0, if there is none.
+INSERT INTO {{prefix}}config (scope, config_version, updated_at)
+VALUES (?, 0, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+ON DUPLICATE KEY UPDATE scope = scope;
+
+-- name: config_bump
+-- args: scope. Increments the version atomically (creating it at 1);
+-- LAST_INSERT_ID(expr) keeps it for last_insert_id to read.
+INSERT INTO {{prefix}}config (scope, config_version, updated_at)
+VALUES (?, LAST_INSERT_ID(1), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+ON DUPLICATE KEY UPDATE
+    config_version = LAST_INSERT_ID(config_version + 1),
+    updated_at     = VALUES(updated_at);

@@ -16,7 +16,8 @@
 --   SF001 stale fencing token          SF002 chain tip moving backwards
 --   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
 --   SF005 chain tip rewritten          SF006 fencing token lowered
---   SF007 fencing token below the high-water mark (a lease row went back)
+--   SF007 fencing token below the high-water mark (a lease or lane row went
+--         back)                      SF008 lane deleted or renamed
 -- Every guard function keeps the search_path it was created with: the
 -- schema of the tables, then pg_temp, listed last, so a session's temporary
 -- table cannot stand in for ours (unlisted, pg_temp would come first).
@@ -268,5 +269,141 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     started_at BIGINT NOT NULL,
     last_seen  BIGINT NOT NULL,
     status     TEXT   NOT NULL CHECK (status IN ('active', 'left')),
+    -- 1 once the node claimed a lane: it counts towards the lanes' fair share.
+    takes_lanes SMALLINT NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
+
+-- Lanes: partitioned work. One row per lane key of a lease name (scope),
+-- naming the node process (instance) that owns the lane until expires_at,
+-- by the database clock, under a fencing token of the lane's own: it grows
+-- with every new claim and is kept by renewal, release and expiry. A row
+-- with token 0 is a lane never claimed. Rows are never deleted, so a key
+-- claimed again continues from its token; the highest token each lane was
+-- granted is kept in high_water under 'lane/<length of scope>/<scope>/<lane>'
+-- (the length keeps two scope and lane pairs from sharing a mark).
+CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
+    scope         TEXT   NOT NULL,
+    lane          TEXT   NOT NULL,
+    holder        TEXT   NOT NULL,
+    instance      TEXT   NOT NULL,
+    fencing_token BIGINT NOT NULL CHECK (fencing_token >= 0),
+    acquired_at   BIGINT NOT NULL,
+    renewed_at    BIGINT NOT NULL,
+    expires_at    BIGINT NOT NULL,
+    PRIMARY KEY (scope, lane)
+);
+
+CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_instance ON {{prefix}}lanes (scope, instance);
+
+-- A lane's token never goes back and is never granted twice: refuse lowering
+-- it, renaming, deleting or truncating a lane row, and a token below the
+-- lane's high-water mark.
+CREATE OR REPLACE FUNCTION {{prefix}}lanes_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
+DECLARE
+    mark BIGINT;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'sqlfence: the lanes table may not be truncated: lane fencing tokens would start again at 1'
+            USING ERRCODE = 'SF008';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'sqlfence: lane % may not be deleted: its fencing tokens would start again at 1',
+            OLD.lane USING ERRCODE = 'SF008';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.scope <> OLD.scope OR NEW.lane <> OLD.lane THEN
+            RAISE EXCEPTION 'sqlfence: lane % may not be renamed', OLD.lane USING ERRCODE = 'SF008';
+        END IF;
+        IF NEW.fencing_token < OLD.fencing_token THEN
+            RAISE EXCEPTION 'sqlfence: the fencing token of lane % may not go back from % to %',
+                OLD.lane, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF006';
+        END IF;
+        IF NEW.fencing_token = OLD.fencing_token THEN
+            RETURN NEW; -- a renewal or release
+        END IF;
+    END IF;
+    IF NEW.fencing_token = 0 THEN
+        RETURN NEW; -- a lane never claimed
+    END IF;
+    SELECT value INTO mark FROM {{prefix}}high_water
+        WHERE scope = 'lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane;
+    IF NEW.fencing_token < mark THEN
+        RAISE EXCEPTION 'sqlfence: lane % would grant fencing token %, below the % already granted: the lane row went back',
+            NEW.lane, NEW.fencing_token, mark USING ERRCODE = 'SF007';
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+-- Raises the lane's mark after a token is really granted.
+CREATE OR REPLACE FUNCTION {{prefix}}lanes_mark() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $mark$
+BEGIN
+    INSERT INTO {{prefix}}high_water AS h (scope, value)
+        VALUES ('lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane, NEW.fencing_token)
+        ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE h.value < excluded.value;
+    RETURN NULL;
+END
+$mark$;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_guard ON {{prefix}}lanes;
+
+CREATE TRIGGER {{prefix}}lanes_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON {{prefix}}lanes
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}lanes_guard();
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_mark_insert ON {{prefix}}lanes;
+
+CREATE TRIGGER {{prefix}}lanes_mark_insert
+    AFTER INSERT ON {{prefix}}lanes
+    FOR EACH ROW WHEN (NEW.fencing_token > 0)
+    EXECUTE FUNCTION {{prefix}}lanes_mark();
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_mark_update ON {{prefix}}lanes;
+
+CREATE TRIGGER {{prefix}}lanes_mark_update
+    AFTER UPDATE ON {{prefix}}lanes
+    FOR EACH ROW WHEN (NEW.fencing_token > OLD.fencing_token)
+    EXECUTE FUNCTION {{prefix}}lanes_mark();
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_truncate ON {{prefix}}lanes;
+
+CREATE TRIGGER {{prefix}}lanes_truncate
+    BEFORE TRUNCATE ON {{prefix}}lanes
+    FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}lanes_guard();
+
+-- The configuration version of each lease name (scope): nodes learn of a
+-- change by seeing it grow. It never goes back and is never deleted.
+CREATE TABLE IF NOT EXISTS {{prefix}}config (
+    scope          TEXT   PRIMARY KEY,
+    config_version BIGINT NOT NULL CHECK (config_version >= 0),
+    updated_at     BIGINT NOT NULL
+);
+
+CREATE OR REPLACE FUNCTION {{prefix}}config_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
+BEGIN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'sqlfence: a config version may not be deleted' USING ERRCODE = 'SF006';
+    END IF;
+    IF NEW.scope <> OLD.scope OR NEW.config_version < OLD.config_version THEN
+        RAISE EXCEPTION 'sqlfence: the config version of % may not go back from % to %',
+            OLD.scope, OLD.config_version, NEW.config_version USING ERRCODE = 'SF006';
+    END IF;
+    RETURN NEW;
+END
+$guard$;
+
+DROP TRIGGER IF EXISTS {{prefix}}config_guard ON {{prefix}}config;
+
+CREATE TRIGGER {{prefix}}config_guard
+    BEFORE UPDATE OR DELETE ON {{prefix}}config
+    FOR EACH ROW EXECUTE FUNCTION {{prefix}}config_guard();
+
+DROP TRIGGER IF EXISTS {{prefix}}config_truncate ON {{prefix}}config;
+
+CREATE TRIGGER {{prefix}}config_truncate
+    BEFORE TRUNCATE ON {{prefix}}config
+    FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}config_guard();

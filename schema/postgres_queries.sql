@@ -240,3 +240,138 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
 -- args: none. Names the database, so nodes in one process that reach it
 -- through different pools wake each other on a release.
 SELECT current_database() || '@' || COALESCE(host(inet_server_addr()), 'local') || ':' || COALESCE(inet_server_port(), 0)::text;
+-- name: lane_peek
+-- args: scope, window ms, scope, instance, scope, instance, window ms,
+-- scope, lane. Reads a lane without locking it, and what its fair share is
+-- computed from: holder, instance, token, acquired, renewed, expires (NULL
+-- when the lane has no row), the lanes of scope held within the window,
+-- the instance's unexpired lanes, the other live members that take lanes,
+-- now.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
+       (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $1 AND renewed_at > c.now_ms - $2::bigint),
+       (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $3 AND instance = $4 AND expires_at > c.now_ms),
+       (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $5 AND instance <> $6 AND status = 'active'
+            AND takes_lanes = 1 AND last_seen > c.now_ms - $7::bigint),
+       c.now_ms
+FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $8 AND l.lane = $9;
+
+-- name: lane_claim
+-- args: holder, instance, ttl ms, scope, lane, instance, timeout ms.
+-- Claims a lane that is free or expired (a new token) or renews the
+-- instance's own (the same token), in the caller's transaction, whose row
+-- lock holds the claim until it ends. Returns holder, instance, token,
+-- acquired, renewed, expires, now; no row when the lane is held by another
+-- instance or has no row. The set_config calls bound the wait for the row
+-- and any idle moment of the transaction, as fence does.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE {{prefix}}lanes AS l
+SET fencing_token = CASE WHEN l.expires_at <= c.now_ms THEN l.fencing_token + 1 ELSE l.fencing_token END,
+    acquired_at   = CASE WHEN l.expires_at <= c.now_ms THEN c.now_ms ELSE l.acquired_at END,
+    holder        = $1,
+    instance      = $2,
+    renewed_at    = c.now_ms,
+    expires_at    = c.now_ms + $3::bigint
+FROM clock c
+WHERE l.scope = $4 AND l.lane = $5
+  AND ((l.instance = $6 AND l.expires_at > c.now_ms) OR l.expires_at <= c.now_ms)
+  AND set_config('lock_timeout', $7::text, true) IS NOT NULL
+  AND set_config('idle_in_transaction_session_timeout', $7::text, true) IS NOT NULL
+RETURNING l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at, c.now_ms;
+
+-- name: lane_read
+-- args: scope, lane. Returns what lane_claim returns.
+SELECT holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM {{prefix}}lanes WHERE scope = $1 AND lane = $2;
+
+-- name: lane_create
+-- args: scope, lane. A free lane row with token 0, if there is none.
+INSERT INTO {{prefix}}lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at)
+VALUES ($1, $2, '', '', 0, 0, 0, 0)
+ON CONFLICT (scope, lane) DO NOTHING;
+
+-- name: lane_refresh
+-- args: ttl ms, scope, instance, window ms. The heartbeat of a node's
+-- lanes, in one statement: renews the instance's unexpired lanes (skipping
+-- those a transaction of its own holds, which renewed them when it claimed
+-- them) and returns, on one row per lane of the instance (one row with
+-- NULL lane columns when it has none): the lanes of scope held within the
+-- window, the other live members that take lanes, the config version
+-- (NULL when none), now, lane, token, acquired, expires.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), renewed AS (
+    UPDATE {{prefix}}lanes AS l
+    SET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint
+    FROM clock c
+    WHERE l.scope = $2 AND l.instance = $3 AND l.expires_at > c.now_ms
+      AND l.lane IN (
+          SELECT k.lane FROM {{prefix}}lanes k, clock c2
+          WHERE k.scope = $2 AND k.instance = $3 AND k.expires_at > c2.now_ms
+          FOR UPDATE OF k SKIP LOCKED)
+    RETURNING l.lane, l.fencing_token, l.acquired_at, l.expires_at
+), mine AS (
+    SELECT lane, fencing_token, acquired_at, expires_at FROM renewed
+    UNION ALL
+    SELECT l.lane, l.fencing_token, l.acquired_at, l.expires_at
+    FROM {{prefix}}lanes l, clock c
+    WHERE l.scope = $2 AND l.instance = $3 AND l.expires_at > c.now_ms
+      AND NOT EXISTS (SELECT 1 FROM renewed r WHERE r.lane = l.lane)
+)
+SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $2 AND renewed_at > c.now_ms - $4::bigint),
+       (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $2 AND instance <> $3 AND status = 'active'
+            AND takes_lanes = 1 AND last_seen > c.now_ms - $4::bigint),
+       (SELECT config_version FROM {{prefix}}config WHERE scope = $2),
+       c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
+FROM clock c LEFT JOIN mine m ON true;
+
+-- name: lane_release
+-- args: scope, lane, holder, instance. Ends the instance's claim at once,
+-- keeping the token; renewed_at records when, for the fair share's window.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE {{prefix}}lanes AS l
+SET renewed_at = c.now_ms, expires_at = c.now_ms
+FROM clock c
+WHERE l.scope = $1 AND l.lane = $2 AND l.holder = $3 AND l.instance = $4 AND l.expires_at > c.now_ms;
+
+-- name: lane_release_all
+-- args: scope, holder, instance. Ends every claim of the instance at once.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE {{prefix}}lanes AS l
+SET renewed_at = c.now_ms, expires_at = c.now_ms
+FROM clock c
+WHERE l.scope = $1 AND l.holder = $2 AND l.instance = $3 AND l.expires_at > c.now_ms;
+
+-- name: lane_join
+-- args: scope, instance. The member takes lanes: it counts towards their
+-- fair share while it is live.
+UPDATE {{prefix}}nodes SET takes_lanes = 1 WHERE scope = $1 AND instance = $2;
+
+-- name: config_read
+-- args: scope.
+SELECT config_version FROM {{prefix}}config WHERE scope = $1;
+
+-- name: config_create
+-- args: scope. The version row at 0, if there is none.
+INSERT INTO {{prefix}}config (scope, config_version, updated_at)
+VALUES ($1, 0, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (scope) DO NOTHING;
+
+-- name: config_bump
+-- args: scope. Increments the version atomically (creating it at 1) and
+-- returns it.
+INSERT INTO {{prefix}}config AS k (scope, config_version, updated_at)
+VALUES ($1, 1, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (scope) DO UPDATE SET
+    config_version = k.config_version + 1,
+    updated_at     = excluded.updated_at
+RETURNING config_version;

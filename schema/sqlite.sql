@@ -13,7 +13,8 @@
 --   SF001 stale fencing token          SF002 chain tip moving backwards
 --   SF003 chain tip deleted or renamed SF004 lease deleted or renamed
 --   SF005 chain tip rewritten          SF006 fencing token lowered
---   SF007 fencing token below the high-water mark (a lease row went back)
+--   SF007 fencing token below the high-water mark (a lease or lane row went
+--         back)                      SF008 lane deleted or renamed
 -- REPLACE deletes the row it replaces without firing delete triggers, so
 -- every insert is checked against the row it may replace and against the
 -- high-water marks. Trigger bodies in the main schema only see tables of
@@ -230,5 +231,121 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     started_at INTEGER NOT NULL,
     last_seen  INTEGER NOT NULL,
     status     TEXT    NOT NULL CHECK (status IN ('active', 'left')),
+    -- 1 once the node claimed a lane: it counts towards the lanes' fair share.
+    takes_lanes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
+
+-- Lanes: partitioned work. One row per lane key of a lease name (scope),
+-- naming the node process (instance) that owns the lane until expires_at
+-- under a fencing token of the lane's own: it grows with every new claim and
+-- is kept by renewal, release and expiry. A row with token 0 is a lane never
+-- claimed. Rows are never deleted, so a key claimed again continues from its
+-- token; the highest token each lane was granted is kept in high_water under
+-- 'lane/<length of scope>/<scope>/<lane>' (the length keeps two scope and
+-- lane pairs from sharing a mark).
+CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
+    scope         TEXT    NOT NULL,
+    lane          TEXT    NOT NULL,
+    holder        TEXT    NOT NULL,
+    instance      TEXT    NOT NULL,
+    fencing_token INTEGER NOT NULL CHECK (fencing_token >= 0),
+    acquired_at   INTEGER NOT NULL,
+    renewed_at    INTEGER NOT NULL,
+    expires_at    INTEGER NOT NULL,
+    PRIMARY KEY (scope, lane)
+);
+
+CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_instance ON {{prefix}}lanes (scope, instance);
+
+-- REPLACE skips the delete guard: the insert guard compares a claimed
+-- token with the lane's high-water mark.
+DROP TRIGGER IF EXISTS {{prefix}}lanes_guard_insert;
+
+CREATE TRIGGER {{prefix}}lanes_guard_insert
+BEFORE INSERT ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF007: a lane fencing token below the high-water mark: the lane row went back')
+    WHERE NEW.fencing_token <> 0
+      AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water
+                               WHERE scope = 'lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane);
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_guard_update;
+
+CREATE TRIGGER {{prefix}}lanes_guard_update
+BEFORE UPDATE ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF008: a lane may not be renamed')
+    WHERE NEW.scope IS NOT OLD.scope OR NEW.lane IS NOT OLD.lane;
+    SELECT RAISE(ABORT, 'sqlfence SF006: a lane fencing token may not go back')
+    WHERE NEW.fencing_token < OLD.fencing_token;
+    SELECT RAISE(ABORT, 'sqlfence SF007: a lane fencing token below the high-water mark: the lane row went back')
+    WHERE NEW.fencing_token > OLD.fencing_token
+      AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water
+                               WHERE scope = 'lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane);
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_guard_delete;
+
+CREATE TRIGGER {{prefix}}lanes_guard_delete
+BEFORE DELETE ON {{prefix}}lanes FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF008: a lane may not be deleted: its fencing tokens would start again at 1');
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_mark_insert;
+
+CREATE TRIGGER {{prefix}}lanes_mark_insert
+AFTER INSERT ON {{prefix}}lanes FOR EACH ROW
+WHEN NEW.fencing_token > 0
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value)
+    VALUES ('lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane, NEW.fencing_token)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_mark_update;
+
+CREATE TRIGGER {{prefix}}lanes_mark_update
+AFTER UPDATE ON {{prefix}}lanes FOR EACH ROW
+WHEN NEW.fencing_token > OLD.fencing_token
+BEGIN
+    INSERT INTO {{prefix}}high_water (scope, value)
+    VALUES ('lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane, NEW.fencing_token)
+    ON CONFLICT (scope) DO UPDATE SET value = excluded.value WHERE value < excluded.value;
+END;
+
+-- The configuration version of each lease name (scope): nodes learn of a
+-- change by seeing it grow. It never goes back and is never deleted.
+CREATE TABLE IF NOT EXISTS {{prefix}}config (
+    scope          TEXT    NOT NULL PRIMARY KEY,
+    config_version INTEGER NOT NULL CHECK (config_version >= 0),
+    updated_at     INTEGER NOT NULL
+);
+
+DROP TRIGGER IF EXISTS {{prefix}}config_guard_insert;
+
+CREATE TRIGGER {{prefix}}config_guard_insert
+BEFORE INSERT ON {{prefix}}config FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF006: a config version may not go back')
+    WHERE NEW.config_version < (SELECT config_version FROM {{prefix}}config WHERE scope = NEW.scope);
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}config_guard_update;
+
+CREATE TRIGGER {{prefix}}config_guard_update
+BEFORE UPDATE ON {{prefix}}config FOR EACH ROW
+WHEN NEW.scope IS NOT OLD.scope OR NEW.config_version < OLD.config_version
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF006: a config version may not go back');
+END;
+
+DROP TRIGGER IF EXISTS {{prefix}}config_guard_delete;
+
+CREATE TRIGGER {{prefix}}config_guard_delete
+BEFORE DELETE ON {{prefix}}config FOR EACH ROW
+BEGIN
+    SELECT RAISE(ABORT, 'sqlfence SF006: a config version may not be deleted');
+END;

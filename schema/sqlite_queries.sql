@@ -187,3 +187,121 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?1;
 -- args: none. The database file, so nodes in one process that share it
 -- through different pools wake each other on a release.
 SELECT file FROM pragma_database_list WHERE name = 'main';
+-- name: lane_peek
+-- args: scope, window ms, scope, instance, scope, instance, window ms,
+-- scope, lane. Reads a lane, and what its fair share is computed from:
+-- holder, instance, token, acquired, renewed, expires (NULL when the lane
+-- has no row), the lanes of scope held within the window, the instance's
+-- unexpired lanes, the other live members that take lanes, now.
+SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
+       (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?1 AND renewed_at > c.now_ms - ?2),
+       (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?3 AND instance = ?4 AND expires_at > c.now_ms),
+       (SELECT count(*) FROM {{prefix}}nodes WHERE scope = ?5 AND instance <> ?6 AND status = 'active'
+            AND takes_lanes = 1 AND last_seen > c.now_ms - ?7),
+       c.now_ms
+FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) AS c
+LEFT JOIN {{prefix}}lanes l ON l.scope = ?8 AND l.lane = ?9;
+
+-- name: lane_claim
+-- args: holder, instance, ttl ms, scope, lane, instance, timeout ms (unused:
+-- busy_timeout bounds SQLite's waits). Claims a lane that is free or
+-- expired (a new token) or renews the instance's own (the same token), in
+-- the caller's transaction, which holds the write lock until it ends.
+-- Returns holder, instance, token, acquired, renewed, expires, now; no row
+-- when the lane is held by another instance or has no row.
+UPDATE {{prefix}}lanes
+SET fencing_token = CASE WHEN expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) THEN fencing_token + 1 ELSE fencing_token END,
+    acquired_at   = CASE WHEN expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)
+                         THEN CAST(unixepoch('subsec') * 1000 AS INTEGER) ELSE acquired_at END,
+    holder        = ?1,
+    instance      = ?2,
+    renewed_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3
+WHERE scope = ?4 AND lane = ?5
+  AND ((instance = ?6 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER))
+       OR expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
+  AND ?7 IS NOT NULL
+RETURNING holder, instance, fencing_token, acquired_at, renewed_at, expires_at, renewed_at;
+
+-- name: lane_read
+-- args: scope, lane. Returns what lane_claim returns.
+SELECT holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+FROM {{prefix}}lanes WHERE scope = ?1 AND lane = ?2;
+
+-- name: lane_create
+-- args: scope, lane. A free lane row with token 0, if there is none.
+INSERT INTO {{prefix}}lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at)
+VALUES (?1, ?2, '', '', 0, 0, 0, 0)
+ON CONFLICT (scope, lane) DO NOTHING;
+
+-- name: lane_renew
+-- args: ttl ms, scope, instance. Renews every unexpired lane of the
+-- instance, in one statement.
+UPDATE {{prefix}}lanes
+SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1
+WHERE scope = ?2 AND instance = ?3 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: lane_report
+-- args: scope, window ms, scope, instance, window ms, scope, scope,
+-- instance. One row per unexpired lane of the instance (one row with NULL
+-- lane columns when it has none): the lanes of scope held within the
+-- window, the other live members that take lanes, the config version (NULL
+-- when none), now, lane, token, acquired, expires.
+SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?1 AND renewed_at > c.now_ms - ?2),
+       (SELECT count(*) FROM {{prefix}}nodes WHERE scope = ?3 AND instance <> ?4 AND status = 'active'
+            AND takes_lanes = 1 AND last_seen > c.now_ms - ?5),
+       (SELECT config_version FROM {{prefix}}config WHERE scope = ?6),
+       c.now_ms, l.lane, l.fencing_token, l.acquired_at, l.expires_at
+FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) AS c
+LEFT JOIN {{prefix}}lanes l ON l.scope = ?7 AND l.instance = ?8 AND l.expires_at > c.now_ms;
+
+-- name: lane_release
+-- args: scope, lane, holder, instance. Ends the instance's claim at once,
+-- keeping the token; renewed_at records when, for the fair share's window.
+UPDATE {{prefix}}lanes
+SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE scope = ?1 AND lane = ?2 AND holder = ?3 AND instance = ?4
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: lane_release_all
+-- args: scope, holder, instance. Ends every claim of the instance at once.
+UPDATE {{prefix}}lanes
+SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE scope = ?1 AND holder = ?2 AND instance = ?3
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: lane_join
+-- args: scope, instance. The member takes lanes: it counts towards their
+-- fair share while it is live.
+UPDATE {{prefix}}nodes SET takes_lanes = 1 WHERE scope = ?1 AND instance = ?2;
+
+-- name: config_read
+-- args: scope.
+SELECT config_version FROM {{prefix}}config WHERE scope = ?1;
+
+-- name: config_create
+-- args: scope. The version row at 0, if there is none. The row proposed
+-- carries the current version, which the insert guard (there for REPLACE)
+-- accepts.
+INSERT INTO {{prefix}}config (scope, config_version, updated_at)
+SELECT ?1, COALESCE((SELECT config_version FROM {{prefix}}config WHERE scope = ?1), 0),
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE true
+ON CONFLICT (scope) DO NOTHING;
+
+-- name: config_bump
+-- args: scope. Increments the version atomically (creating it at 1) and
+-- returns it. The row proposed carries the next version, as config_create's
+-- carries the current one.
+INSERT INTO {{prefix}}config (scope, config_version, updated_at)
+SELECT ?1, COALESCE((SELECT config_version FROM {{prefix}}config WHERE scope = ?1), 0) + 1,
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE true
+ON CONFLICT (scope) DO UPDATE SET
+    config_version = config_version + 1,
+    updated_at     = excluded.updated_at
+RETURNING config_version;

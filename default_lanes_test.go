@@ -1,0 +1,113 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// The package-level lane and config-version calls: in single-node mode
+// this process owns every lane and claims without a database; after a
+// failed Init they fail closed, as Fence does; once Init succeeds they
+// answer for the member; after Shutdown they fail with ErrShutdown.
+func TestDefaultLanes(t *testing.T) {
+	useDefault(t)
+	ctx := context.Background()
+	goroutines := runtime.NumGoroutine()
+
+	// Single-node mode: no database, no goroutine.
+	if !cluster.OwnsLane("orders-1") || cluster.Lanes() != nil {
+		t.Fatalf("single node: OwnsLane %v, Lanes %v", cluster.OwnsLane("orders-1"), cluster.Lanes())
+	}
+	if token, err := cluster.ClaimLane(ctx, nil, "orders-1"); token != 0 || err != nil {
+		t.Fatalf("ClaimLane in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
+	}
+	if _, err := cluster.ClaimLane(ctx, nil, ""); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("ClaimLane of an empty key = %v", err)
+	}
+	if err := cluster.ReleaseLane(ctx, "orders-1"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := cluster.ConfigVersion(ctx); v != 0 || err != nil {
+		t.Fatalf("ConfigVersion in single-node mode = %d, %v", v, err)
+	}
+	if v, err := cluster.BumpConfigVersion(ctx); v != 0 || err != nil || cluster.ConfigVersionCached() != 0 {
+		t.Fatalf("BumpConfigVersion in single-node mode = %d, %v; cached %d; want 0 and nothing bumped", v, err, cluster.ConfigVersionCached())
+	}
+	if n := runtime.NumGoroutine(); n > goroutines {
+		t.Fatalf("single-node lanes started %d goroutines", n-goroutines)
+	}
+
+	// A failed Init fails closed.
+	if err := cluster.Init(ctx, fakeConfig(t, "n", initFailer{&fakeProvider{}, errors.New("database unreachable")})); err == nil {
+		t.Fatal("Init over a failing provider succeeded")
+	}
+	if cluster.OwnsLane("orders-1") {
+		t.Fatal("OwnsLane after a failed Init")
+	}
+	if _, err := cluster.ClaimLane(ctx, nil, "orders-1"); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "database unreachable") {
+		t.Fatalf("ClaimLane after a failed Init = %v, want ErrStaleFencingToken with Init's error", err)
+	}
+	if _, err := cluster.ConfigVersion(ctx); err == nil || !strings.Contains(err.Error(), "database unreachable") {
+		t.Fatalf("ConfigVersion after a failed Init = %v", err)
+	}
+	if _, err := cluster.BumpConfigVersion(ctx); err == nil {
+		t.Fatal("BumpConfigVersion after a failed Init succeeded")
+	}
+
+	// Running: the member answers.
+	tg := testdb.New(t, cluster.SQLite)
+	db := tg.Open(t)
+	if err := cluster.Init(ctx, tg.Config(t, db, "n")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := cluster.ClaimLane(ctx, tx, "orders-1")
+	if err != nil || token != 1 {
+		t.Fatalf("ClaimLane = %d, %v; want token 1", token, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if !cluster.OwnsLane("orders-1") || cluster.OwnsLane("orders-2") || !slices.Equal(cluster.Lanes(), []string{"orders-1"}) {
+		t.Fatalf("OwnsLane %v/%v, Lanes %v", cluster.OwnsLane("orders-1"), cluster.OwnsLane("orders-2"), cluster.Lanes())
+	}
+	if v, err := cluster.BumpConfigVersion(ctx); v != 1 || err != nil || cluster.ConfigVersionCached() != 1 {
+		t.Fatalf("BumpConfigVersion = %d, %v; cached %d", v, err, cluster.ConfigVersionCached())
+	}
+	if v, err := cluster.ConfigVersion(ctx); v != 1 || err != nil {
+		t.Fatalf("ConfigVersion = %d, %v", v, err)
+	}
+
+	// Shut down.
+	if err := cluster.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.ClaimLane(ctx, nil, "orders-1"); !errors.Is(err, cluster.ErrShutdown) || !errors.Is(err, cluster.ErrStaleFencingToken) {
+		t.Fatalf("ClaimLane after Shutdown = %v", err)
+	}
+	if cluster.OwnsLane("orders-1") || cluster.Lanes() != nil {
+		t.Fatal("lanes owned after Shutdown")
+	}
+	if err := cluster.ReleaseLane(ctx, "orders-1"); !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("ReleaseLane after Shutdown = %v", err)
+	}
+	if _, err := cluster.ConfigVersion(ctx); !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("ConfigVersion after Shutdown = %v", err)
+	}
+	if _, err := cluster.BumpConfigVersion(ctx); !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("BumpConfigVersion after Shutdown = %v", err)
+	}
+	if got := cluster.ConfigVersionCached(); got != 1 {
+		t.Fatalf("ConfigVersionCached after Shutdown = %d, want the last version seen, 1", got)
+	}
+}

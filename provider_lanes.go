@@ -1,0 +1,257 @@
+package cluster
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The provider's side of lanes ([Cluster.ClaimLane]) and of the config
+// version ([Cluster.ConfigVersion]): two optional capabilities of a
+// [Provider], found by type assertion like the others. The default
+// providers implement both.
+type (
+	// A LaneStore keeps lanes: one row per lane key and scope (the lease
+	// name) naming the node process that owns it until it expires, by the
+	// store's clock, under a fencing token of the lane's own that grows
+	// with every new claim and never goes back.
+	LaneStore interface {
+		// PeekLane reads, in tx and without locking it, lane req.Key of
+		// req.Scope (nil when it was never claimed) and the census its
+		// fair share is computed from; window is how recently a lane must
+		// have been held, and a member seen, to count.
+		PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error)
+		// ClaimLane claims lane req.Key for req.Instance in tx if it is
+		// free or expired, with a token above every token it was granted
+		// before, or renews it, keeping its token, if req.Instance holds
+		// it; the claim holds until tx ends: no other instance can claim
+		// the lane meanwhile. A lane another instance holds returns a
+		// [*LaneHeldError].
+		ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error)
+		// RenewLanes extends every unexpired lane of instance by ttl and
+		// reports the instance's lanes, the census, and the config version
+		// of scope when there is one.
+		RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (LaneReport, error)
+		// ReleaseLane expires the instance's claim on a lane at once,
+		// keeping its token. Releasing a lane the instance does not hold
+		// is not an error.
+		ReleaseLane(ctx context.Context, scope, key, holder, instance string) error
+		// ReleaseLanes expires every claim of the instance at once.
+		ReleaseLanes(ctx context.Context, scope, holder, instance string) error
+		// JoinLanes records that the member instance takes lanes, so that
+		// it counts towards their fair share while it is live.
+		JoinLanes(ctx context.Context, scope, instance string) error
+	}
+
+	// A ConfigStore keeps one config version per scope (the lease name),
+	// which only ever grows.
+	ConfigStore interface {
+		// ReadConfigVersion reads the version, creating it at 0 when absent.
+		ReadConfigVersion(ctx context.Context, scope string) (uint64, error)
+		// BumpConfigVersion increments the version atomically and returns
+		// the version it set.
+		BumpConfigVersion(ctx context.Context, scope string) (uint64, error)
+	}
+)
+
+var (
+	_ LaneStore   = (*DBProvider)(nil)
+	_ ConfigStore = (*DBProvider)(nil)
+)
+
+// A LaneRequest asks a [LaneStore] to claim a lane.
+type LaneRequest struct {
+	Scope    string        // the lease name, see [Config.LeaseName]
+	Key      string        // the lane
+	Holder   string        // the claiming node's NodeID
+	Instance string        // its process; see [LeaseRequest]
+	TTL      time.Duration // how long the claim lasts unless renewed, by the store's clock
+}
+
+// A Lane is a lane's row as a [LaneStore] reads it. Times are by the
+// store's clock.
+type Lane struct {
+	Key          string
+	Holder       string // "" for a lane never claimed
+	Instance     string
+	FencingToken uint64 // 0 for a lane never claimed
+	AcquiredAt   time.Time
+	RenewedAt    time.Time // or released
+	ExpiresAt    time.Time
+	// Remaining is how long the claim had left when it was read, by the
+	// store's clock; not positive when the lane is free.
+	Remaining time.Duration
+}
+
+// LaneCensus is what a node's share of the lanes is computed from.
+type LaneCensus struct {
+	// Lanes counts the lanes of the scope held within the window: claimed,
+	// renewed or released that recently.
+	Lanes int
+	// Mine counts the instance's unexpired lanes.
+	Mine int
+	// Members counts the other live members that take lanes.
+	Members int
+}
+
+// LaneReport is what [LaneStore.RenewLanes] returns.
+type LaneReport struct {
+	Held   []Lane // the instance's unexpired lanes
+	Census LaneCensus
+	// ConfigVersion is the scope's config version, when HasConfigVersion:
+	// the default provider reads it in the same statements.
+	ConfigVersion    uint64
+	HasConfigVersion bool
+}
+
+func (p *DBProvider) lanes() laneDialect { return p.d.(laneDialect) }
+
+// PeekLane implements [LaneStore].
+func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error) {
+	var c LaneCensus
+	var holder, instance sql.NullString
+	var token, acquired, renewed, expires sql.NullInt64
+	var lanes, mine, members, now int64
+	w := window.Milliseconds()
+	err := tx.QueryRow(ctx, p.q.LanePeek, req.Scope, w, req.Scope, req.Instance, req.Scope, req.Instance, w, req.Scope, req.Key).
+		Scan(&holder, &instance, &token, &acquired, &renewed, &expires, &lanes, &mine, &members, &now)
+	if err != nil {
+		return nil, c, p.wrap("read lane "+quote(req.Key), err)
+	}
+	c = LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members)}
+	if !token.Valid {
+		return nil, c, nil
+	}
+	l := laneRow{holder: holder.String, instance: instance.String, token: token.Int64,
+		acquired: acquired.Int64, renewed: renewed.Int64, expires: expires.Int64, now: now}.lane(req.Key)
+	return &l, c, nil
+}
+
+// ClaimLane implements [LaneStore]. The claim is a conditional UPDATE in
+// tx, whose row lock (PostgreSQL, MySQL) or write lock (SQLite) holds it
+// until tx ends; a lane never claimed first gets a free row, token 0.
+// Like [DBProvider.Fence], it bounds on the server the wait for the lane
+// row and how long tx may then idle, by the TTL.
+func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
+	limit := req.TTL
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(dl)*9/10)
+	}
+	op := "claim lane " + quote(req.Key)
+	var r laneRow
+	for attempt := 0; attempt < 3; attempt++ {
+		granted, got, err := p.lanes().claimLane(ctx, tx, req, limit)
+		if err != nil {
+			return Lane{}, p.wrap(op, err)
+		}
+		if granted {
+			return got.lane(req.Key), nil
+		}
+		err = r.scan(tx.QueryRow(ctx, p.q.LaneRead, req.Scope, req.Key))
+		if errors.Is(err, sql.ErrNoRows) {
+			if _, err := tx.Exec(ctx, p.d.bound(p.q.LaneCreate, limit), req.Scope, req.Key); err != nil {
+				return Lane{}, p.wrap(op, err)
+			}
+			continue
+		}
+		if err != nil {
+			return Lane{}, p.wrap(op, err)
+		}
+		if r.expires > r.now {
+			return Lane{}, r.held(req.Key)
+		}
+		// Refused, yet the row read back is free: another claim changed it
+		// after this transaction's snapshot. Try again; a transaction that
+		// cannot see it (MySQL's repeatable read) reports the row it sees.
+	}
+	return Lane{}, r.held(req.Key)
+}
+
+// RenewLanes implements [LaneStore]: one statement on PostgreSQL (which
+// skips the lanes this instance's own transactions hold: their claims
+// renewed them), an UPDATE and a read elsewhere.
+func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (LaneReport, error) {
+	var rep LaneReport
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer release()
+	rows, err := p.lanes().refreshLanes(ctx, conn, scope, instance, ttl, window)
+	if err != nil {
+		return rep, p.wrap("renew lanes", err)
+	}
+	for rows.next() {
+		var lanes, members, now int64
+		var version, token, acquired, expires sql.NullInt64
+		var key sql.NullString
+		if err := rows.scan(&lanes, &members, &version, &now, &key, &token, &acquired, &expires); err != nil {
+			rows.close()
+			return rep, p.wrap("renew lanes", err)
+		}
+		rep.Census.Lanes, rep.Census.Members = int(lanes), int(members)
+		rep.ConfigVersion, rep.HasConfigVersion = uint64(version.Int64), version.Valid
+		if key.Valid {
+			rep.Held = append(rep.Held, Lane{Key: key.String, FencingToken: uint64(token.Int64), Instance: instance,
+				AcquiredAt: time.UnixMilli(acquired.Int64), ExpiresAt: time.UnixMilli(expires.Int64),
+				Remaining: time.Duration(expires.Int64-now) * time.Millisecond})
+		}
+	}
+	if err := rows.close(); err != nil {
+		return rep, p.wrap("renew lanes", err)
+	}
+	rep.Census.Mine = len(rep.Held)
+	return rep, nil
+}
+
+// ReleaseLane implements [LaneStore].
+func (p *DBProvider) ReleaseLane(ctx context.Context, scope, key, holder, instance string) error {
+	return p.exec(ctx, "release lane "+quote(key), p.q.LaneRelease, scope, key, holder, instance)
+}
+
+// ReleaseLanes implements [LaneStore].
+func (p *DBProvider) ReleaseLanes(ctx context.Context, scope, holder, instance string) error {
+	return p.exec(ctx, "release lanes", p.q.LaneReleaseAll, scope, holder, instance)
+}
+
+// JoinLanes implements [LaneStore].
+func (p *DBProvider) JoinLanes(ctx context.Context, scope, instance string) error {
+	return p.exec(ctx, "record that this node takes lanes", p.q.LaneJoin, scope, instance)
+}
+
+// ReadConfigVersion implements [ConfigStore].
+func (p *DBProvider) ReadConfigVersion(ctx context.Context, scope string) (uint64, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var v int64
+	err = conn.QueryRow(ctx, p.q.ConfigRead, scope).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, err := conn.Exec(ctx, p.d.bound(p.q.ConfigCreate, statementLimit(ctx)), scope); err != nil {
+			return 0, p.wrap("create the config version", err)
+		}
+		err = conn.QueryRow(ctx, p.q.ConfigRead, scope).Scan(&v)
+	}
+	if err != nil {
+		return 0, p.wrap("read the config version", err)
+	}
+	return uint64(v), nil
+}
+
+// BumpConfigVersion implements [ConfigStore].
+func (p *DBProvider) BumpConfigVersion(ctx context.Context, scope string) (uint64, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	v, err := p.lanes().bumpConfig(ctx, conn, scope)
+	if err != nil {
+		return 0, p.wrap(fmt.Sprintf("bump the config version of %q", scope), err)
+	}
+	return uint64(v), nil
+}
