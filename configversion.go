@@ -123,7 +123,7 @@ func (c *Cluster) refreshConfig(ctx context.Context) {
 	if !ok {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	rctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 	v, err := store.ReadConfigVersion(rctx, c.cfg.LeaseName)
 	cancel()
 	c.keeperResult(ctx, "read the config version", err)

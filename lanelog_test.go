@@ -166,8 +166,10 @@ func watchLaneOwners(t *testing.T, keys []string, nodes ...*node) {
 	})
 }
 
-// laneWorker claims and writes to every key it may, in a loop, until
-// stopped: what a partitioned consumer does. Refused claims are expected.
+// laneWorker writes to the keys it owns, in a loop, and tries the others
+// every fourth round, until stopped: what a partitioned consumer does,
+// polling its own keys (OwnsLane) and looking for free ones now and then.
+// Refused claims are expected.
 type laneWorker struct {
 	stop  chan struct{}
 	done  sync.WaitGroup
@@ -181,12 +183,15 @@ func startLaneWorker(t *testing.T, tg testdb.Target, n *node, keys []string, pau
 	w := &laneWorker{stop: make(chan struct{}), wrote: map[string]int{}}
 	w.done.Go(func() {
 		ctx := context.Background()
-		for {
+		for round := 0; ; round++ {
 			for _, k := range keys {
 				select {
 				case <-w.stop:
 					return
 				default:
+				}
+				if round%4 != 0 && !n.OwnsLane(k) {
+					continue
 				}
 				_, err := laneWrite(ctx, n, tg.Dialect, tg.Prefix, k)
 				w.mu.Lock()
@@ -198,6 +203,11 @@ func startLaneWorker(t *testing.T, tg testdb.Target, n *node, keys []string, pau
 					w.errs = append(w.errs, err)
 				}
 				w.mu.Unlock()
+				if err == nil {
+					// Leave SQLite's write lock to the others a moment, as a
+					// worker doing real work between transactions would.
+					time.Sleep(2 * time.Millisecond)
+				}
 			}
 			select {
 			case <-w.stop:

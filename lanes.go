@@ -404,6 +404,14 @@ func (c *Cluster) keep(ctx context.Context, kick <-chan struct{}) {
 	}
 }
 
+// keeperTimeout bounds a keeper statement: it may wait for its turn (a
+// row or SQLite's write lock held by a transaction) as long as this
+// node's belief in the lanes it renews can outlast a heartbeat, and the
+// next attempt then starts at once.
+func (c *Cluster) keeperTimeout() time.Duration {
+	return max(c.cfg.HeartbeatInterval, c.cfg.FenceTimeout-c.cfg.HeartbeatInterval)
+}
+
 // keeperResult logs the outcome of a keeper statement: the first failure
 // of a streak at Warn, the rest at Debug, the recovery at Info.
 func (c *Cluster) keeperResult(ctx context.Context, what string, err error) {
@@ -427,7 +435,7 @@ func (c *Cluster) keeperResult(ctx context.Context, what string, err error) {
 // node's share. It reports whether it also read the config version.
 func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 	if !c.lanes.joined {
-		jctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		if err := store.JoinLanes(jctx, c.cfg.LeaseName, c.instance); err == nil {
 			c.lanes.joined = true
 		} else if ctx.Err() == nil {
@@ -439,14 +447,14 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		// Where the lease statements do not refresh membership, the keeper
 		// does, every heartbeat: the fair share counts a member as live
 		// only while it was seen within the lane window.
-		sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		sctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		if err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance); err != nil && ctx.Err() == nil {
 			c.log.DebugContext(ctx, "cluster: membership refresh for lanes failed", "err", err)
 		}
 		cancel()
 	}
 	start := mono()
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	rctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 	rep, err := store.RenewLanes(rctx, c.cfg.LeaseName, c.instance, c.cfg.LeaseTTL, c.laneWindow())
 	cancel()
 	c.keeperResult(ctx, "renew lanes", err)
@@ -513,7 +521,7 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 	c.lanes.mu.Unlock()
 
 	for _, k := range release {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		rctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		err := store.ReleaseLane(rctx, c.cfg.LeaseName, k, c.cfg.NodeID, c.instance)
 		cancel()
 		if err != nil {

@@ -17,9 +17,10 @@ import (
 )
 
 // envLanes lists, comma-separated, the lanes a child node process works
-// on, as a partitioned consumer does: it goes round them, writing one row
-// to each lane's log in a transaction that begins with ClaimLane, and
-// reports "lane-claimed <key> <token>" whenever it claims a lane anew.
+// on, as a partitioned consumer does: it goes round the lanes it owns,
+// writing one row to each lane's log in a transaction that begins with
+// ClaimLane, tries the others every tenth round, and reports
+// "lane-claimed <key> <token>" whenever it claims a lane anew.
 const envLanes = "CLUSTER_TEST_CHILD_LANES"
 
 // childLanes starts the child's lane worker, when envLanes is set; it
@@ -32,12 +33,15 @@ func childLanes(ctx context.Context, c *cluster.Cluster, db *sql.DB, d cluster.D
 	}
 	wg.Go(func() {
 		tokens := map[string]uint64{}
-		for {
+		for round := 0; ; round++ {
 			for _, k := range strings.Split(keys, ",") {
 				select {
 				case <-done:
 					return
 				default:
+				}
+				if round%10 != 0 && !c.OwnsLane(k) {
+					continue
 				}
 				token, err := laneWriteOn(ctx, c, db, d, prefix, k)
 				switch {
@@ -51,7 +55,7 @@ func childLanes(ctx context.Context, c *cluster.Cluster, db *sql.DB, d cluster.D
 			select {
 			case <-done:
 				return
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(10 * time.Millisecond):
 			}
 		}
 	})
