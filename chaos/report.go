@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// report prints one experiment's results as a Jepsen-style summary.
+func report(w io.Writer, r *result) {
+	fmt.Fprintf(w, "operations  %d writes: %s; %d stale writes (%d committed while their token was still current); %d grants; %d belief intervals\n",
+		r.Writes, counts(r.Outcomes, "ok", "refused", "error", "info-committed", "info-absent"), r.StaleWrites, r.StaleOK, r.Grants, r.Beliefs)
+	fmt.Fprintf(w, "database    %d rows in commit order, %d in the audit chain\n", r.Rows, r.ChainRows)
+	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock))
+	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
+		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
+	gap := "none measured"
+	if r.MinGap >= 0 {
+		gap = r.MinGap.Round(time.Microsecond).String()
+	}
+	fmt.Fprintf(w, "beliefs     smallest gap between two processes' beliefs: %s\n", gap)
+	fmt.Fprintf(w, "porcupine   %d operations checked in %v\n", r.Linearized, r.CheckTime.Round(time.Millisecond))
+	if len(r.Anomalies) == 0 {
+		fmt.Fprintf(w, "anomalies   none\n")
+		return
+	}
+	byKind := map[string]int{}
+	for _, a := range r.Anomalies {
+		byKind[a.Kind]++
+	}
+	fmt.Fprintf(w, "anomalies   %d: %s\n", len(r.Anomalies), counts(byKind))
+	for i, a := range r.Anomalies {
+		if i == 30 {
+			fmt.Fprintf(w, "  ... and %d more\n", len(r.Anomalies)-30)
+			break
+		}
+		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
+	}
+}
+
+// counts prints m's entries, the named keys first in that order.
+func counts(m map[string]int, order ...string) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, k := range order {
+		seen[k] = true
+		if m[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+		}
+	}
+	var rest []string
+	for k := range m {
+		if !seen[k] && m[k] > 0 {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	for _, k := range rest {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func recoveryLine(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "no heal found the cluster without a leader"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("%d heals without a leader: p50 %v, p99 %v, max %v", len(s),
+		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
