@@ -41,6 +41,7 @@ const (
 	aOverlap         = "overlapping-leaders"     // two processes believed they led at once
 	aSlowRecovery    = "slow-recovery"           // no leader within LeaseTTL + 2 heartbeats of a heal
 	aHistory         = "history-unreadable"      // a history line could not be interpreted
+	aNoProgress      = "no-progress"             // no write was acknowledged: the experiment tested nothing
 )
 
 type anomaly struct {
@@ -69,8 +70,9 @@ type result struct {
 	Anomalies   []anomaly
 	Recovery    []time.Duration // time from each heal with no leader to the next belief
 	Heals       int
-	MinGap      time.Duration // the smallest gap between two processes' beliefs
-	Linearized  int           // operations porcupine checked
+	Gaps        []time.Duration // every interval in which no process believed it led
+	MinGap      time.Duration   // the smallest gap between two processes' beliefs
+	Linearized  int             // operations porcupine checked
 	CheckTime   time.Duration
 	ChainRows   int
 	Rows        int
@@ -125,13 +127,33 @@ func check(in checkInput) *result {
 	ops, grants, beliefs := collect(in.histories, res)
 	res.Grants, res.Beliefs = len(grants), len(beliefs)
 	present := checkWrites(in.final, ops, res)
+	if res.Outcomes["ok"] == 0 {
+		res.add(aNoProgress, "none of %d writes was acknowledged", len(ops))
+	}
 	checkCommitOrder(in.final, res)
 	checkChain(in.final, ops, res)
 	checkGrants(in.final, grants, res)
 	checkLinearizable(ops, grants, present, in, res)
 	checkBeliefs(beliefs, res)
 	checkRecovery(beliefs, in, res)
+	res.Gaps = leaderless(beliefs, in.start, in.end)
 	return res
+}
+
+// leaderless returns the lengths of the intervals between start and end
+// in which no process believed it led.
+func leaderless(bs []belief, start, end int64) []time.Duration {
+	sorted := slices.Clone(bs)
+	slices.SortFunc(sorted, func(a, b belief) int { return int(a.from - b.from) })
+	var gaps []time.Duration
+	covered := start
+	for _, b := range sorted {
+		if b.from > covered && b.from < end {
+			gaps = append(gaps, time.Duration(b.from-covered))
+		}
+		covered = max(covered, b.to)
+	}
+	return gaps
 }
 
 // collect turns the histories into writes, grants and belief intervals.

@@ -368,7 +368,7 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	}
 	seq++
 	payload := fmt.Sprintf("%s|%d|%d", id, token, seq)
-	hash := prev
+	hash := append([]byte{}, prev...) // never nil: the column is NOT NULL
 	if style != styleUnfenced {
 		counter++
 		sum := sha256.Sum256(append(append([]byte{}, prev...), payload...))

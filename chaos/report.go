@@ -17,6 +17,7 @@ func report(w io.Writer, r *result) {
 	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock))
 	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
 		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
+	fmt.Fprintf(w, "leaderless %s\n", gapLine(r.Gaps))
 	gap := "none measured"
 	if r.MinGap >= 0 {
 		gap = r.MinGap.Round(time.Microsecond).String()
@@ -75,5 +76,16 @@ func recoveryLine(ds []time.Duration) string {
 	slices.Sort(s)
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
 	return fmt.Sprintf("%d heals without a leader: p50 %v, p99 %v, max %v", len(s),
+		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+func gapLine(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "never, after the first leader"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("%d intervals without a leader: p50 %v, p99 %v, max %v", len(s),
 		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
 }
