@@ -61,6 +61,7 @@ func harnessMain(args []string) int {
 	out := fs.String("out", "", "directory for histories, logs and results (default: a new temporary directory)")
 	keep := fs.Bool("keep", false, "keep the output directory even when nothing was found")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
+	mdOut := fs.String("markdown", "", "also write the results as Markdown tables to this file (for RELIABILITY.md)")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -132,6 +133,11 @@ func harnessMain(args []string) int {
 		if b, err := json.MarshalIndent(results, "", "  "); err == nil {
 			os.WriteFile(*jsonOut, b, 0o644)
 		}
+	}
+	if *mdOut != "" {
+		var b strings.Builder
+		markdown(&b, "go run . "+strings.Join(args, " "), results)
+		os.WriteFile(*mdOut, []byte(b.String()), 0o644)
 	}
 	if totalAnomalies > 0 || failed || *keep {
 		fmt.Printf("histories and logs: %s\n", dir)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -88,4 +89,63 @@ func gapLine(ds []time.Duration) string {
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
 	return fmt.Sprintf("%d intervals without a leader: p50 %v, p99 %v, max %v", len(s),
 		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+// markdown writes the results as one Jepsen-style table per dialect, for
+// RELIABILITY.md.
+func markdown(w io.Writer, command string, rs []*result) {
+	fmt.Fprintf(w, "```sh\n%s\n```\n\n", command)
+	for _, r := range rs {
+		fmt.Fprintf(w, "#### %s: seed %d, %v of faults, %d nodes%s\n\n", r.Dialect, r.Seed, r.Duration, r.Nodes, mutantNote(r.Mutant))
+		fmt.Fprintf(w, "| | kind | count |\n| --- | --- | ---: |\n")
+		row := func(section, kind string, n any) { fmt.Fprintf(w, "| %s | %s | %v |\n", section, kind, n) }
+		row("operations", "writes invoked", r.Writes)
+		for _, k := range []string{"ok", "refused", "error", "info-committed", "info-absent"} {
+			row("", outcomeNames[k], r.Outcomes[k])
+		}
+		row("", "stale writes (after their term ended; the rest refused)", fmt.Sprintf("%d (%d committed while their token was still current)", r.StaleWrites, r.StaleOK))
+		row("", "grants observed", r.Grants)
+		row("", "belief intervals", r.Beliefs)
+		row("", "rows in commit order / in the audit chain", fmt.Sprintf("%d / %d", r.Rows, r.ChainRows))
+		first := "faults"
+		for _, k := range []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock} {
+			if r.Faults[k] > 0 {
+				row(first, k, r.Faults[k])
+				first = ""
+			}
+		}
+		if first != "" {
+			row(first, "none", 0)
+		}
+		byKind := map[string]int{}
+		for _, a := range r.Anomalies {
+			byKind[a.Kind]++
+		}
+		if len(byKind) == 0 {
+			row("anomalies", "none", 0)
+		} else {
+			first = "anomalies"
+			for _, k := range slices.Sorted(maps.Keys(byKind)) {
+				row(first, k, byKind[k])
+				first = ""
+			}
+		}
+		row("recovery", fmt.Sprintf("after a heal with no leader (bound %v)", r.Timings.TTL+2*r.Timings.Heartbeat), recoveryLine(r.Recovery))
+		row("", "intervals without a leader", gapLine(r.Gaps))
+		gap := "none measured"
+		if r.MinGap >= 0 {
+			gap = r.MinGap.Round(time.Microsecond).String()
+		}
+		row("", "smallest gap between two processes' beliefs", gap)
+		row("", "porcupine", fmt.Sprintf("%d operations in %v", r.Linearized, r.CheckTime.Round(time.Millisecond)))
+		fmt.Fprintln(w)
+	}
+}
+
+var outcomeNames = map[string]string{
+	"ok":             "acknowledged (ok)",
+	"refused":        "refused by the library or the database (fail)",
+	"error":          "failed before COMMIT otherwise (fail)",
+	"info-committed": "unknown outcome, row present (info)",
+	"info-absent":    "unknown outcome, row absent (info)",
 }
