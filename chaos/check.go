@@ -71,6 +71,8 @@ type result struct {
 	Recovery    []time.Duration // time from each heal with no leader to the next belief
 	Heals       int
 	Gaps        []time.Duration // every interval in which no process believed it led
+	Failovers   []time.Duration // from a fault that ended its target's belief to another's belief
+	LongestGap  string          // the longest interval without a leader, and the faults in force during it
 	MinGap      time.Duration   // the smallest gap between two processes' beliefs
 	Linearized  int             // operations porcupine checked
 	CheckTime   time.Duration
@@ -136,13 +138,55 @@ func check(in checkInput) *result {
 	checkLinearizable(ops, grants, present, in, res)
 	checkBeliefs(beliefs, res)
 	checkRecovery(beliefs, in, res)
-	res.Gaps = leaderless(beliefs, in.start, in.end)
+	var longest [2]int64
+	res.Gaps, longest = leaderless(beliefs, in.start, in.end)
+	if len(res.Gaps) > 0 {
+		var during []string
+		for _, f := range in.faults {
+			if f.Start <= longest[1] && f.End >= longest[0] {
+				during = append(during, fmt.Sprintf("%s at %s on %s", f.Detail, sec(f.Start), f.Node))
+			}
+		}
+		res.LongestGap = fmt.Sprintf("%v from %s", time.Duration(longest[1]-longest[0]).Round(time.Millisecond), sec(longest[0]))
+		if len(during) > 0 {
+			res.LongestGap += ", during " + strings.Join(during, "; ")
+		}
+	}
+	res.Failovers = failovers(beliefs, in.faults)
 	return res
 }
 
+// failovers measures, for each fault whose target believed it led when
+// the fault began and stopped believing before its heal, how long after
+// the fault began another process believed it led. A killed or paused
+// process records its belief until at most 50ms before the fault (see
+// node.sample), hence the tolerance.
+func failovers(bs []belief, faults []fault) []time.Duration {
+	var out []time.Duration
+	for _, f := range faults {
+		for _, b := range bs {
+			if node, _, _ := strings.Cut(b.proc, "."); node != f.Node || b.from > f.Start || b.to < f.Start-int64(100*time.Millisecond) || b.to > f.End {
+				continue
+			}
+			next := int64(-1)
+			for _, o := range bs {
+				if o.proc != b.proc && o.from > b.to && (next < 0 || o.from < next) {
+					next = o.from
+				}
+			}
+			if next >= 0 {
+				out = append(out, time.Duration(next-f.Start))
+			}
+			break
+		}
+	}
+	return out
+}
+
 // leaderless returns the lengths of the intervals between start and end
-// in which no process believed it led.
-func leaderless(bs []belief, start, end int64) []time.Duration {
+// in which no process believed it led, and the longest of them.
+func leaderless(bs []belief, start, end int64) ([]time.Duration, [2]int64) {
+	var longest [2]int64
 	sorted := slices.Clone(bs)
 	slices.SortFunc(sorted, func(a, b belief) int { return int(a.from - b.from) })
 	var gaps []time.Duration
@@ -150,10 +194,13 @@ func leaderless(bs []belief, start, end int64) []time.Duration {
 	for _, b := range sorted {
 		if b.from > covered && b.from < end {
 			gaps = append(gaps, time.Duration(b.from-covered))
+			if b.from-covered > longest[1]-longest[0] {
+				longest = [2]int64{covered, b.from}
+			}
 		}
 		covered = max(covered, b.to)
 	}
-	return gaps
+	return gaps, longest
 }
 
 // collect turns the histories into writes, grants and belief intervals.

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -87,6 +88,14 @@ func harnessMain(args []string) int {
 		if dir, err = os.MkdirTemp("", "chaos-"); err != nil {
 			fmt.Fprintln(os.Stderr, "chaos:", err)
 			return 2
+		}
+	}
+	// The library's own log lines from the harness's connection (schema
+	// creation, leader lookups) go to a file beside the histories.
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		if f, err := os.Create(filepath.Join(dir, "harness.log")); err == nil {
+			defer f.Close()
+			slog.SetDefault(slog.New(slog.NewTextHandler(f, nil)))
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -18,7 +18,11 @@ func report(w io.Writer, r *result) {
 	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock))
 	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
 		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
-	fmt.Fprintf(w, "leaderless %s\n", gapLine(r.Gaps))
+	fmt.Fprintf(w, "failover    %s\n", durations(r.Failovers, "faults that ended the leader's belief, to the next leader"))
+	fmt.Fprintf(w, "leaderless  %s\n", gapLine(r.Gaps))
+	if r.LongestGap != "" {
+		fmt.Fprintf(w, "            longest: %s\n", r.LongestGap)
+	}
 	gap := "none measured"
 	if r.MinGap >= 0 {
 		gap = r.MinGap.Round(time.Microsecond).String()
@@ -73,22 +77,14 @@ func recoveryLine(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "no heal found the cluster without a leader"
 	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
-	return fmt.Sprintf("%d heals without a leader: p50 %v, p99 %v, max %v", len(s),
-		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+	return durations(ds, "heals without a leader")
 }
 
 func gapLine(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "never, after the first leader"
 	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
-	return fmt.Sprintf("%d intervals without a leader: p50 %v, p99 %v, max %v", len(s),
-		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+	return durations(ds, "intervals without a leader")
 }
 
 // markdown writes the results as one Jepsen-style table per dialect, for
@@ -131,7 +127,11 @@ func markdown(w io.Writer, command string, rs []*result) {
 			}
 		}
 		row("recovery", fmt.Sprintf("after a heal with no leader (bound %v)", r.Timings.TTL+2*r.Timings.Heartbeat), recoveryLine(r.Recovery))
+		row("", "failover: from a fault that ended the leader's belief to another's", durations(r.Failovers, "faults"))
 		row("", "intervals without a leader", gapLine(r.Gaps))
+		if r.LongestGap != "" {
+			row("", "the longest", r.LongestGap)
+		}
 		gap := "none measured"
 		if r.MinGap >= 0 {
 			gap = r.MinGap.Round(time.Microsecond).String()
@@ -148,4 +148,15 @@ var outcomeNames = map[string]string{
 	"error":          "failed before COMMIT otherwise (fail)",
 	"info-committed": "unknown outcome, row present (info)",
 	"info-absent":    "unknown outcome, row absent (info)",
+}
+
+func durations(ds []time.Duration, what string) string {
+	if len(ds) == 0 {
+		return "none measured"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("%d %s: p50 %v, p99 %v, max %v", len(s), what,
+		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
 }
