@@ -41,6 +41,7 @@ const (
 	aOverlap         = "overlapping-leaders"     // two processes believed they led at once
 	aSlowRecovery    = "slow-recovery"           // no leader within LeaseTTL + 2 heartbeats of a heal
 	aHistory         = "history-unreadable"      // a history line could not be interpreted
+	aCrash           = "node-exited"             // a node process exited when the harness did not end it
 	aNoProgress      = "no-progress"             // no write was acknowledged: the experiment tested nothing
 )
 

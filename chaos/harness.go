@@ -14,6 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,7 +58,8 @@ type proc struct {
 	dsn     string
 	cmd     *exec.Cmd
 	done    chan struct{}
-	stopped bool // SIGSTOPped
+	stopped bool        // SIGSTOPped
+	ending  atomic.Bool // the harness is ending this incarnation
 	offset  time.Duration
 	files   []string // history files, one per incarnation
 }
@@ -72,6 +75,9 @@ type harness struct {
 	procs  []*proc
 	faults []fault
 	exe    string
+
+	mu      sync.Mutex
+	crashes []string // processes that exited when the harness did not end them
 }
 
 func (e *experiment) logf(format string, args ...any) {
@@ -176,6 +182,11 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	in := checkInput{dialect: e.Dialect, timings: e.Timings, histories: hist, faults: h.faults, final: fin,
 		start: start, end: end, dir: e.Dir}
 	res := check(in)
+	h.mu.Lock()
+	for _, c := range h.crashes {
+		res.add(aCrash, "%s", c)
+	}
+	h.mu.Unlock()
 	res.Seed, res.Duration, res.Nodes, res.Mutant, res.Plan = e.Seed, e.Duration, e.Nodes, e.Mutant, len(plan)
 	return res, nil
 }
@@ -226,11 +237,17 @@ func (h *harness) start(p *proc) error {
 		return err
 	}
 	p.cmd, p.done, p.stopped = cmd, make(chan struct{}), false
+	p.ending.Store(false)
 	p.files = append(p.files, cfg.History)
-	done := p.done
+	done, name := p.done, fmt.Sprintf("%s.%d", p.id, p.inc)
 	go func() {
-		cmd.Wait()
+		err := cmd.Wait()
 		logf.Close()
+		if !p.ending.Load() {
+			h.mu.Lock()
+			h.crashes = append(h.crashes, fmt.Sprintf("%s exited at %s on its own: %v (see %s.log)", name, sec(h.clk.now()), err, base))
+			h.mu.Unlock()
+		}
 		close(done)
 	}()
 	return nil
@@ -259,6 +276,7 @@ func (p *proc) kill() {
 	if !p.alive() {
 		return
 	}
+	p.ending.Store(true)
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
 	p.stopped = false
@@ -269,6 +287,7 @@ func (p *proc) terminate(grace time.Duration) {
 	if !p.alive() {
 		return
 	}
+	p.ending.Store(true)
 	if p.stopped {
 		p.cmd.Process.Signal(syscall.SIGCONT)
 		p.stopped = false
@@ -389,6 +408,7 @@ func (h *harness) healAll() {
 // stopAll shuts every node down cleanly, all at once.
 func (h *harness) stopAll() {
 	for _, p := range h.procs {
+		p.ending.Store(true)
 		if p.stopped {
 			p.signal(syscall.SIGCONT)
 			p.stopped = false
