@@ -72,7 +72,7 @@ type result struct {
 	Recovery    []time.Duration // time from each heal with no leader to the next belief
 	Heals       int
 	Gaps        []time.Duration // every interval in which no process believed it led
-	Failovers   []time.Duration // from a fault that ended its target's belief to another's belief
+	Failovers   []time.Duration // from a fault that ended its target's belief to the next belief
 	LongestGap  string          // the longest interval without a leader, and the faults in force during it
 	MinGap      time.Duration   // the smallest gap between two processes' beliefs
 	Linearized  int             // operations porcupine checked
@@ -159,7 +159,8 @@ func check(in checkInput) *result {
 
 // failovers measures, for each fault whose target believed it led when
 // the fault began and stopped believing before its heal, how long after
-// the fault began another process believed it led. A killed or paused
+// the fault began a process (another, or the same one again) believed it
+// led. A killed or paused
 // process records its belief until at most 50ms before the fault (see
 // node.sample), hence the tolerance.
 func failovers(bs []belief, faults []fault) []time.Duration {
@@ -169,9 +170,9 @@ func failovers(bs []belief, faults []fault) []time.Duration {
 			if node, _, _ := strings.Cut(b.proc, "."); node != f.Node || b.from > f.Start || b.to < f.Start-int64(100*time.Millisecond) || b.to > f.End {
 				continue
 			}
-			next := int64(-1)
+			next := int64(-1) // the next belief of any process, the faulted one included
 			for _, o := range bs {
-				if o.proc != b.proc && o.from > b.to && (next < 0 || o.from < next) {
+				if o.from > b.to && (next < 0 || o.from < next) {
 					next = o.from
 				}
 			}

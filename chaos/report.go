@@ -93,13 +93,13 @@ func markdown(w io.Writer, command string, rs []*result) {
 	fmt.Fprintf(w, "```sh\n%s\n```\n\n", command)
 	for _, r := range rs {
 		fmt.Fprintf(w, "#### %s: seed %d, %v of faults, %d nodes%s\n\n", r.Dialect, r.Seed, r.Duration, r.Nodes, mutantNote(r.Mutant))
-		fmt.Fprintf(w, "| | kind | count |\n| --- | --- | ---: |\n")
+		fmt.Fprintf(w, "| | kind | value |\n| --- | --- | ---: |\n")
 		row := func(section, kind string, n any) { fmt.Fprintf(w, "| %s | %s | %v |\n", section, kind, n) }
 		row("operations", "writes invoked", r.Writes)
 		for _, k := range []string{"ok", "refused", "error", "info-committed", "info-absent"} {
 			row("", outcomeNames[k], r.Outcomes[k])
 		}
-		row("", "stale writes (after their term ended; the rest refused)", fmt.Sprintf("%d (%d committed while their token was still current)", r.StaleWrites, r.StaleOK))
+		row("", "stale writes (under an ended term's token, without Fence)", fmt.Sprintf("%d (%d committed while their token was still current)", r.StaleWrites, r.StaleOK))
 		row("", "grants observed", r.Grants)
 		row("", "belief intervals", r.Beliefs)
 		row("", "rows in commit order / in the audit chain", fmt.Sprintf("%d / %d", r.Rows, r.ChainRows))
@@ -127,7 +127,7 @@ func markdown(w io.Writer, command string, rs []*result) {
 			}
 		}
 		row("recovery", fmt.Sprintf("after a heal with no leader (bound %v)", r.Timings.TTL+2*r.Timings.Heartbeat), recoveryLine(r.Recovery))
-		row("", "failover: from a fault that ended the leader's belief to another's", durations(r.Failovers, "faults"))
+		row("", "failover: from a fault that ended the leader's belief to the next belief", durations(r.Failovers, "faults"))
 		row("", "intervals without a leader", gapLine(r.Gaps))
 		if r.LongestGap != "" {
 			row("", "the longest", r.LongestGap)
