@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+)
+
+// TestMain runs a node instead of the tests when the harness re-executes
+// the test binary as one.
+func TestMain(m *testing.M) {
+	if raw := os.Getenv(envNode); raw != "" {
+		os.Exit(nodeMain(raw))
+	}
+	os.Exit(m.Run())
+}
+
+// testTimings are the cluster timings of every test experiment.
+var testTimings = timings{TTL: 2 * time.Second, Heartbeat: 400 * time.Millisecond, FenceTimeout: 1500 * time.Millisecond}
+
+// dialects returns the dialects to test with their DSNs: SQLite always,
+// PostgreSQL and MySQL when CLUSTER_TEST_POSTGRES_DSN and
+// CLUSTER_TEST_MYSQL_DSN name them (a missing one fails the test under
+// CLUSTER_TEST_REQUIRE_ALL). With -short, SQLite only.
+func dialects(t *testing.T) map[cluster.Dialect]string {
+	out := map[cluster.Dialect]string{cluster.SQLite: ""}
+	if testing.Short() {
+		return out
+	}
+	for d, env := range map[cluster.Dialect]string{cluster.Postgres: "CLUSTER_TEST_POSTGRES_DSN", cluster.MySQL: "CLUSTER_TEST_MYSQL_DSN"} {
+		switch v := os.Getenv(env); {
+		case v != "":
+			out[d] = v
+		case os.Getenv("CLUSTER_TEST_REQUIRE_ALL") != "":
+			t.Fatalf("%s is not set and CLUSTER_TEST_REQUIRE_ALL requires every dialect", env)
+		default:
+			t.Logf("%s is not set: skipping %s", env, d)
+		}
+	}
+	return out
+}
+
+func runExperiment(t *testing.T, e *experiment) *result {
+	t.Helper()
+	e.Dir = t.TempDir()
+	e.Log = testLog{t}
+	ctx, cancel := context.WithTimeout(context.Background(), e.Duration+2*time.Minute)
+	defer cancel()
+	res, err := e.run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	report(&b, res)
+	t.Logf("%s", b.String())
+	return res
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestExperiment runs a short seeded experiment on each dialect, with
+// every fault kind the dialect takes; the checker must find nothing.
+func TestExperiment(t *testing.T) {
+	for d, dsn := range dialects(t) {
+		t.Run(string(d), func(t *testing.T) {
+			res := runExperiment(t, &experiment{Dialect: d, DSN: dsn, Seed: 7, Duration: 15 * time.Second, Nodes: 3,
+				Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, LeaderShare: 0.75})
+			for _, a := range res.Anomalies {
+				t.Errorf("%s: %s", a.Kind, a.Detail)
+			}
+			if len(res.FaultList) == 0 {
+				t.Error("no fault was injected")
+			}
+		})
+	}
+}
+
+// TestMutants runs each mutant: a harness that finds no anomaly of the
+// kind the mutant causes is broken. Faults aim at the leader, so that
+// terms end within the short run.
+func TestMutants(t *testing.T) {
+	want := map[string][]string{
+		mutantSkipFence: {aTokenRegression, aLinearizability},
+		mutantTipGuard:  {aTokenRegression, aLinearizability},
+		mutantLongTrust: {aOverlap},
+		mutantSteal:     {aOverlap},
+	}
+	for d, dsn := range dialects(t) {
+		kinds := []string{faultPause}
+		if d != cluster.SQLite {
+			kinds = []string{faultPause, faultPartition}
+		}
+		for _, m := range []string{mutantSkipFence, mutantTipGuard, mutantLongTrust, mutantSteal} {
+			t.Run(string(d)+"/"+m, func(t *testing.T) {
+				res := runExperiment(t, &experiment{Dialect: d, DSN: dsn, Seed: 3, Duration: 15 * time.Second, Nodes: 3,
+					Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Mutant: m, Kinds: kinds, LeaderShare: 1})
+				caught := 0
+				for _, a := range res.Anomalies {
+					for _, k := range want[m] {
+						if a.Kind == k {
+							caught++
+						}
+					}
+				}
+				if caught == 0 {
+					t.Errorf("mutant %s passed: no anomaly of kind %v among %d", m, want[m], len(res.Anomalies))
+				}
+			})
+		}
+	}
+}

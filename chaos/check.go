@@ -1,0 +1,511 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/sqlfence/cluster"
+)
+
+// beliefSlack is how much two belief intervals may overlap before it is an
+// anomaly. The library's guarantee leaves a gap of at least
+// LeaseTTL - FenceTimeout between one node's belief ending and another's
+// acquisition (see RELIABILITY.md), so any overlap is a violation; the
+// slack covers only measurement: every process reads the one
+// CLOCK_MONOTONIC, and a node's experiment time differs from it by the few
+// microseconds between two clock reads at its start.
+const beliefSlack = time.Millisecond
+
+// Anomaly kinds.
+const (
+	aLinearizability = "not-linearizable"        // porcupine found no linearization against the fenced-register model
+	aCheckTimeout    = "linearizability-unknown" // porcupine ran out of time
+	aGrantOrder      = "grant-order"             // a grant completed before another with a lower token began
+	aDuplicateGrant  = "duplicate-grant"         // two grants of one token
+	aGrantAboveMark  = "grant-above-mark"        // a token granted above the database's high-water mark
+	aTokenRegression = "token-regression"        // a committed row with a lower token than an earlier commit's
+	aSeqGap          = "seq-gap"                 // commit-order numbers are not contiguous
+	aLostWrite       = "lost-write"              // an acknowledged write is missing, or differs
+	aRefusedPresent  = "refused-write-committed" // a write that failed before COMMIT is in the database
+	aUnknownRow      = "unknown-row"             // a row no node wrote
+	aChainBroken     = "chain-broken"            // the audit chain or its tip does not verify
+	aOverlap         = "overlapping-leaders"     // two processes believed they led at once
+	aSlowRecovery    = "slow-recovery"           // no leader within LeaseTTL + 2 heartbeats of a heal
+	aHistory         = "history-unreadable"      // a history line could not be interpreted
+	aCrash           = "node-exited"             // a node process exited when the harness did not end it
+	aNoProgress      = "no-progress"             // no write was acknowledged: the experiment tested nothing
+)
+
+type anomaly struct {
+	Kind   string
+	Detail string
+}
+
+// result is what an experiment found.
+type result struct {
+	Dialect  cluster.Dialect
+	Seed     uint64
+	Duration time.Duration
+	Nodes    int
+	Mutant   string
+	Plan     int
+	Timings  timings
+
+	Writes      int            // write operations invoked
+	Outcomes    map[string]int // by outcome: ok, refused, error, info-committed, info-absent
+	StaleWrites int            // writes under an ended term's token
+	StaleOK     int            // of which committed (legitimately only while that token was still current)
+	Grants      int
+	Beliefs     int
+	Faults      map[string]int
+	FaultList   []fault
+	Anomalies   []anomaly
+	Recovery    []time.Duration // time from each heal with no leader to the next belief
+	Heals       int
+	Gaps        []time.Duration // every interval in which no process believed it led
+	Failovers   []time.Duration // from a fault that ended its target's belief to the next belief
+	LongestGap  string          // the longest interval without a leader, and the faults in force during it
+	MinGap      time.Duration   // the smallest gap between two processes' beliefs
+	Linearized  int             // operations porcupine checked
+	CheckTime   time.Duration
+	ChainRows   int
+	Rows        int
+}
+
+func (r *result) add(kind, format string, args ...any) {
+	r.Anomalies = append(r.Anomalies, anomaly{Kind: kind, Detail: fmt.Sprintf(format, args...)})
+}
+
+type checkInput struct {
+	dialect    cluster.Dialect
+	timings    timings
+	histories  map[string][]record // by process: node.incarnation
+	faults     []fault
+	final      *finalState
+	start, end int64 // the nemesis began; the nodes were stopped
+	dir        string
+}
+
+// A writeOp is one write as the history tells it.
+type writeOp struct {
+	proc    string
+	id      string
+	style   string
+	call    int64
+	ret     int64 // 0 without an outcome
+	outcome string
+	what    string
+	token   uint64
+	seq     int64
+	err     string
+}
+
+type belief struct {
+	proc     string
+	token    uint64
+	from, to int64
+}
+
+type grant struct {
+	proc     string
+	token    uint64
+	from, to int64
+	what     string
+}
+
+func check(in checkInput) *result {
+	res := &result{Dialect: in.dialect, Timings: in.timings, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultList: in.faults}
+	for _, f := range in.faults {
+		res.Faults[f.Kind]++
+	}
+	ops, grants, beliefs := collect(in.histories, res)
+	res.Grants, res.Beliefs = len(grants), len(beliefs)
+	present := checkWrites(in.final, ops, res)
+	if res.Outcomes["ok"] == 0 {
+		res.add(aNoProgress, "none of %d writes was acknowledged", len(ops))
+	}
+	checkCommitOrder(in.final, res)
+	checkChain(in.final, ops, res)
+	checkGrants(in.final, grants, res)
+	checkLinearizable(ops, grants, present, in, res)
+	checkBeliefs(beliefs, res)
+	checkRecovery(beliefs, in, res)
+	var longest [2]int64
+	res.Gaps, longest = leaderless(beliefs, in.start, in.end)
+	if len(res.Gaps) > 0 {
+		var during []string
+		for _, f := range in.faults {
+			if f.Start <= longest[1] && f.End >= longest[0] {
+				during = append(during, fmt.Sprintf("%s at %s on %s", f.Detail, sec(f.Start), f.Node))
+			}
+		}
+		res.LongestGap = fmt.Sprintf("%v from %s", time.Duration(longest[1]-longest[0]).Round(time.Millisecond), sec(longest[0]))
+		if len(during) > 0 {
+			res.LongestGap += ", during " + strings.Join(during, "; ")
+		}
+	}
+	res.Failovers = failovers(beliefs, in.faults)
+	return res
+}
+
+// failovers measures, for each fault whose target believed it led when
+// the fault began and stopped believing before its heal, how long after
+// the fault began a process (another, or the same one again) believed it
+// led. A killed or paused
+// process records its belief until at most 50ms before the fault (see
+// node.sample), hence the tolerance.
+func failovers(bs []belief, faults []fault) []time.Duration {
+	var out []time.Duration
+	for _, f := range faults {
+		for _, b := range bs {
+			if node, _, _ := strings.Cut(b.proc, "."); node != f.Node || b.from > f.Start || b.to < f.Start-int64(100*time.Millisecond) || b.to > f.End {
+				continue
+			}
+			next := int64(-1) // the next belief of any process, the faulted one included
+			for _, o := range bs {
+				if o.from > b.to && (next < 0 || o.from < next) {
+					next = o.from
+				}
+			}
+			if next >= 0 {
+				out = append(out, time.Duration(next-f.Start))
+			}
+			break
+		}
+	}
+	return out
+}
+
+// leaderless returns the lengths of the intervals between start and end
+// in which no process believed it led, and the longest of them.
+func leaderless(bs []belief, start, end int64) ([]time.Duration, [2]int64) {
+	var longest [2]int64
+	sorted := slices.Clone(bs)
+	slices.SortFunc(sorted, func(a, b belief) int { return int(a.from - b.from) })
+	var gaps []time.Duration
+	covered := start
+	for _, b := range sorted {
+		if b.from > covered && b.from < end {
+			gaps = append(gaps, time.Duration(b.from-covered))
+			if b.from-covered > longest[1]-longest[0] {
+				longest = [2]int64{covered, b.from}
+			}
+		}
+		covered = max(covered, b.to)
+	}
+	return gaps, longest
+}
+
+// collect turns the histories into writes, grants and belief intervals.
+func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant, []belief) {
+	ops := map[string]*writeOp{}
+	var grants []grant
+	var beliefs []belief
+	procs := make([]string, 0, len(hs))
+	for p := range hs {
+		procs = append(procs, p)
+	}
+	sort.Strings(procs)
+	for _, p := range procs {
+		open := map[[2]int64]int{} // (token, from) -> index in beliefs
+		for _, r := range hs[p] {
+			switch r.Kind {
+			case kInvoke:
+				ops[r.Op] = &writeOp{proc: p, id: r.Op, style: r.What, call: r.T, token: r.Token}
+			case kOK, kFail, kInfo:
+				o := ops[r.Op]
+				if o == nil {
+					res.add(aHistory, "%s: outcome of %s without its invocation", p, r.Op)
+					continue
+				}
+				o.ret, o.outcome, o.what, o.token, o.seq, o.err = r.T, r.Kind, r.What, r.Token, r.Seq, r.Err
+			case kGrant:
+				grants = append(grants, grant{proc: p, token: r.Token, from: r.From, to: r.To, what: r.What})
+			case kBelief:
+				k := [2]int64{int64(r.Token), r.From}
+				if i, ok := open[k]; ok {
+					beliefs[i].to = max(beliefs[i].to, r.To)
+					continue
+				}
+				open[k] = len(beliefs)
+				beliefs = append(beliefs, belief{proc: p, token: r.Token, from: r.From, to: r.To})
+			}
+		}
+	}
+	res.Writes = len(ops)
+	return ops, grants, beliefs
+}
+
+// checkWrites compares every write's outcome with the final database, and
+// returns the ids of the writes whose rows are there.
+func checkWrites(fs *finalState, ops map[string]*writeOp, res *result) map[string]dbWrite {
+	present := map[string]dbWrite{}
+	for _, w := range fs.Writes {
+		present[w.Op] = w
+		if ops[w.Op] == nil {
+			res.add(aUnknownRow, "row #%d (token %d, op %q) was written by no recorded operation", w.Seq, w.Token, w.Op)
+		}
+	}
+	res.Rows = len(fs.Writes)
+	for _, o := range sortedOps(ops) {
+		w, in := present[o.id]
+		if o.style != styleFenced {
+			res.StaleWrites++
+			if in {
+				res.StaleOK++
+			}
+		}
+		switch o.outcome {
+		case kOK:
+			res.Outcomes["ok"]++
+			switch {
+			case !in:
+				res.add(aLostWrite, "%s (token %d, #%d) was acknowledged but is not in the database", o.id, o.token, o.seq)
+			case w.Seq != o.seq || uint64(w.Token) != o.token:
+				res.add(aLostWrite, "%s was acknowledged as #%d token %d but the database has #%d token %d", o.id, o.seq, o.token, w.Seq, w.Token)
+			}
+		case kFail:
+			res.Outcomes[o.what]++
+			if in {
+				res.add(aRefusedPresent, "%s failed before COMMIT (%s) but is in the database as #%d token %d", o.id, o.err, w.Seq, w.Token)
+			}
+		default: // info, or no outcome (the process died)
+			if in {
+				res.Outcomes["info-committed"]++
+			} else {
+				res.Outcomes["info-absent"]++
+			}
+		}
+	}
+	return present
+}
+
+func sortedOps(ops map[string]*writeOp) []*writeOp {
+	out := make([]*writeOp, 0, len(ops))
+	for _, o := range ops {
+		out = append(out, o)
+	}
+	slices.SortFunc(out, func(a, b *writeOp) int {
+		if a.call != b.call {
+			return int(a.call - b.call)
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	return out
+}
+
+// checkCommitOrder: along commit order (seq), tokens never go down, and
+// seq has no gaps (each write takes the next number in its transaction).
+func checkCommitOrder(fs *finalState, res *result) {
+	for i, w := range fs.Writes {
+		if w.Seq != int64(i+1) {
+			res.add(aSeqGap, "row %d of the write log has #%d", i+1, w.Seq)
+			break
+		}
+		if i > 0 && w.Token < fs.Writes[i-1].Token {
+			prev := fs.Writes[i-1]
+			res.add(aTokenRegression, "#%d %s committed under token %d after #%d %s under token %d", w.Seq, w.Op, w.Token, prev.Seq, prev.Op, prev.Token)
+		}
+	}
+}
+
+// checkChain verifies the audit chain from its first row, that each row
+// is a committed write's, and that the tip names the last row.
+func checkChain(fs *finalState, ops map[string]*writeOp, res *result) {
+	res.ChainRows = len(fs.Audit)
+	var prev []byte
+	bySeq := map[int64]dbWrite{}
+	for _, w := range fs.Writes {
+		bySeq[w.Seq] = w
+	}
+	var lastToken int64
+	for i, a := range fs.Audit {
+		if a.Counter != int64(i+1) {
+			res.add(aChainBroken, "audit row %d has counter %d", i+1, a.Counter)
+			return
+		}
+		sum := sha256.Sum256(append(append([]byte{}, prev...), a.Payload...))
+		if !bytes.Equal(sum[:], a.Hash) {
+			res.add(aChainBroken, "audit row %d: hash %x, want %x", a.Counter, prefix8(a.Hash), prefix8(sum[:]))
+			return
+		}
+		prev = a.Hash
+		parts := strings.Split(a.Payload, "|")
+		if len(parts) != 3 {
+			res.add(aChainBroken, "audit row %d: payload %q", a.Counter, a.Payload)
+			return
+		}
+		tok, _ := strconv.ParseInt(parts[1], 10, 64)
+		seq, _ := strconv.ParseInt(parts[2], 10, 64)
+		if w, ok := bySeq[seq]; !ok || w.Op != parts[0] || w.Token != tok {
+			res.add(aChainBroken, "audit row %d (%q) does not match write #%d", a.Counter, a.Payload, seq)
+		}
+		lastToken = tok
+	}
+	switch {
+	case fs.Tip == nil && len(fs.Audit) > 0:
+		res.add(aChainBroken, "the chain has %d rows and no tip", len(fs.Audit))
+	case fs.Tip == nil:
+	case fs.Tip.Counter != int64(len(fs.Audit)) || !bytes.Equal(fs.Tip.Hash, prev):
+		res.add(aChainBroken, "the tip is at %d (%x) but the chain ends at %d (%x)", fs.Tip.Counter, prefix8(fs.Tip.Hash), len(fs.Audit), prefix8(prev))
+	case fs.Tip.Token != lastToken:
+		res.add(aChainBroken, "the tip was written under token %d but its row under %d", fs.Tip.Token, lastToken)
+	}
+}
+
+func prefix8(b []byte) []byte { return b[:min(len(b), 8)] }
+
+// checkGrants: each token is granted once, a grant that completed before
+// another began has the lower token, and nothing was granted above the
+// database's high-water mark, which the lease row's token equals.
+func checkGrants(fs *finalState, grants []grant, res *result) {
+	byToken := map[uint64]grant{}
+	for _, g := range grants {
+		if o, dup := byToken[g.token]; dup {
+			res.add(aDuplicateGrant, "token %d granted to %s (%s) and to %s (%s)", g.token, o.proc, o.what, g.proc, g.what)
+		}
+		byToken[g.token] = g
+		if int64(g.token) > fs.HighWater {
+			res.add(aGrantAboveMark, "token %d granted to %s above the high-water mark %d", g.token, g.proc, fs.HighWater)
+		}
+	}
+	for _, a := range grants {
+		for _, b := range grants {
+			if a.token < b.token && b.to < a.from {
+				res.add(aGrantOrder, "token %d (%s) was granted at %s, before token %d (%s) was asked for at %s",
+					b.token, b.proc, sec(b.to), a.token, a.proc, sec(a.from))
+			}
+		}
+	}
+	if fs.LeaseToken != fs.HighWater {
+		res.add(aGrantAboveMark, "the lease row's token is %d but the high-water mark is %d", fs.LeaseToken, fs.HighWater)
+	}
+}
+
+// checkLinearizable runs porcupine over the grants and the writes that
+// took effect.
+func checkLinearizable(ops map[string]*writeOp, grants []grant, present map[string]dbWrite, in checkInput, res *result) {
+	var hist []porcupine.Operation
+	procIdx := map[string]int{}
+	client := func(p string) int {
+		if i, ok := procIdx[p]; ok {
+			return i
+		}
+		procIdx[p] = len(procIdx)
+		return procIdx[p]
+	}
+	for _, g := range grants {
+		hist = append(hist, porcupine.Operation{ClientId: client(g.proc), Input: regInput{grant: true, token: g.token, op: g.proc}, Call: g.from, Return: g.to})
+	}
+	after := in.end + int64(time.Second)
+	for _, o := range sortedOps(ops) {
+		w, ok := present[o.id]
+		switch {
+		case o.outcome == kOK:
+			hist = append(hist, porcupine.Operation{ClientId: client(o.proc), Input: regInput{token: o.token, seq: o.seq, op: o.id}, Call: o.call, Return: o.ret})
+		case o.outcome != kFail && ok:
+			// Committed at a moment we do not know: its row tells its
+			// token and number.
+			hist = append(hist, porcupine.Operation{ClientId: client(o.proc), Input: regInput{token: uint64(w.Token), seq: w.Seq, op: o.id}, Call: o.call, Return: after})
+		}
+	}
+	res.Linearized = len(hist)
+	t0 := time.Now()
+	r := porcupine.CheckOperationsTimeout(registerModel, hist, 2*time.Minute)
+	res.CheckTime = time.Since(t0)
+	switch r {
+	case porcupine.Illegal:
+		detail := "no order of the grants and committed writes satisfies the fenced-register model"
+		if _, info := porcupine.CheckOperationsVerbose(registerModel, hist, time.Minute); in.dir != "" {
+			path := filepath.Join(in.dir, "linearizability-"+string(in.dialect)+".html")
+			if f, err := os.Create(path); err == nil {
+				if porcupine.Visualize(registerModel, info, f) == nil {
+					detail += "; see " + path
+				}
+				f.Close()
+			}
+		}
+		res.add(aLinearizability, "%s", detail)
+	case porcupine.Unknown:
+		res.add(aCheckTimeout, "porcupine gave up after %v on %d operations", res.CheckTime.Round(time.Second), len(hist))
+	}
+}
+
+// checkBeliefs: no two processes believed they led at overlapping times.
+func checkBeliefs(bs []belief, res *result) {
+	sorted := slices.Clone(bs)
+	slices.SortFunc(sorted, func(a, b belief) int { return int(a.from - b.from) })
+	res.MinGap = -1
+	reported := 0
+	for i, a := range sorted {
+		for _, b := range sorted[i+1:] {
+			if b.proc == a.proc {
+				continue
+			}
+			gap := b.from - a.to
+			if res.MinGap < 0 || time.Duration(gap) < res.MinGap {
+				res.MinGap = time.Duration(gap)
+			}
+			if gap < -int64(beliefSlack) {
+				if reported < 20 {
+					res.add(aOverlap, "%s (token %d, %s–%s) and %s (token %d, %s–%s) both believed they led for %v",
+						a.proc, a.token, sec(a.from), sec(a.to), b.proc, b.token, sec(b.from), sec(b.to), time.Duration(min(a.to, b.to)-b.from).Round(time.Microsecond))
+				}
+				reported++
+			}
+			if b.from > a.to {
+				break // sorted by from: later ones start later still
+			}
+		}
+	}
+	if reported > 20 {
+		res.add(aOverlap, "and %d more overlaps", reported-20)
+	}
+}
+
+// checkRecovery: after each heal, some process believes it leads within
+// LeaseTTL + 2 heartbeats. A heal at which a process already believed
+// counts as recovered at once and is not in the recovery distribution.
+func checkRecovery(bs []belief, in checkInput, res *result) {
+	bound := in.timings.TTL + 2*in.timings.Heartbeat
+	for _, f := range in.faults {
+		h := f.End
+		res.Heals++
+		led := false
+		next := int64(-1)
+		for _, b := range bs {
+			if b.from <= h && h <= b.to {
+				led = true
+				break
+			}
+			if b.from > h && (next < 0 || b.from < next) {
+				next = b.from
+			}
+		}
+		if led {
+			continue
+		}
+		if next < 0 {
+			if in.end-h > int64(bound) {
+				res.add(aSlowRecovery, "no leader after the heal of %s on %s at %s, to the end of the run", f.Kind, f.Node, sec(h))
+			}
+			continue
+		}
+		d := time.Duration(next - h)
+		res.Recovery = append(res.Recovery, d)
+		if d > bound {
+			res.add(aSlowRecovery, "a leader %v after the heal of %s on %s at %s (bound %v)", d.Round(time.Millisecond), f.Kind, f.Node, sec(h), bound)
+		}
+	}
+}
+
+func sec(t int64) string { return fmt.Sprintf("%.3fs", float64(t)/1e9) }

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sqlfence/cluster"
+)
+
+// envNode, when set, makes this program a node: its value is the node's
+// configuration as JSON. The harness re-executes itself with it.
+const envNode = "CHAOS_NODE"
+
+// nodeConfig is what the harness tells a node process.
+type nodeConfig struct {
+	ID           string
+	Incarnation  int
+	Dialect      cluster.Dialect
+	Driver       string
+	DSN          string
+	Prefix       string
+	History      string // the history file this process appends to
+	Witness      string // Config.WitnessFile, kept across restarts
+	Origin       int64  // the harness's CLOCK_MONOTONIC reading at its start
+	TTL          time.Duration
+	Heartbeat    time.Duration
+	FenceTimeout time.Duration
+	Pause        time.Duration // between two writes of a term
+	StaleWrites  int           // writes under the old token after each term ends
+	WallOffset   time.Duration // how far this node's wall clock is set off
+	Mutant       string
+}
+
+// The mutants a node can play (see mutant_test.go and RELIABILITY.md).
+const (
+	mutantNone      = ""
+	mutantSkipFence = "skip-fence" // writes without Fence, keeps writing under its old token
+	mutantLongTrust = "long-trust" // believes it leads for 3×LeaseTTL after its last acquire or renew
+	mutantSteal     = "steal"      // takes the lease row with raw SQL, ignoring its expiry
+	mutantTipGuard  = "tip-guard"  // (harness) the chain-tip guard triggers are dropped
+)
+
+// Write styles.
+const (
+	styleFenced   = "fenced"    // Fence, then the rows, then AdvanceTip: what the library asks of users
+	styleStaleTip = "stale-tip" // no Fence; the rows and a raw tip write under the old token
+	styleUnfenced = "unfenced"  // no Fence, no tip: only the row (the skip-fence mutant)
+)
+
+const chainName = "audit"
+
+// A node is one member of the cluster under test, in its own process.
+type node struct {
+	cfg nodeConfig
+	clk *clock
+	h   *historyWriter
+	log *slog.Logger
+	db  *sql.DB
+	c   *cluster.Cluster
+
+	ops int // writes invoked; owned by the write path (one at a time per goroutine)
+	mu  sync.Mutex
+	// acquireStarts are the starts of successful acquire calls not yet
+	// paired with a lease-acquired event.
+	acquireStarts []int64
+	lastOK        int64  // start of the last successful acquire or renew (long-trust)
+	lastToken     uint64 // token of the last lease-acquired event
+	stolen        uint64 // token of the term taken by the steal mutant
+	stolenUntil   int64  // its trust window's end
+	opMu          sync.Mutex
+	zombies       sync.WaitGroup
+	root          context.Context // ends at SIGTERM
+}
+
+func nodeMain(raw string) int {
+	var cfg nodeConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos node: bad config:", err)
+		return 2
+	}
+	n := &node{cfg: cfg, clk: newClock(cfg.Origin)}
+	h, err := createHistory(cfg.History)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos node:", err)
+		return 2
+	}
+	n.h = h
+	defer h.close()
+	// The node's logs show its wall clock set off by WallOffset. Nothing
+	// the node or the library decides reads the wall clock: expiry is the
+	// database's, and belief ends on the monotonic clock.
+	n.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+		Level: slog.LevelInfo,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				a.Value = slog.TimeValue(a.Value.Time().Add(cfg.WallOffset))
+			}
+			return a
+		},
+	})).With("node", cfg.ID, "incarnation", cfg.Incarnation)
+	n.h.add(record{T: n.clk.now(), Kind: kStart,
+		What: fmt.Sprintf("pid=%d wall=%s offset=%s mutant=%q", os.Getpid(), time.Now().Add(cfg.WallOffset).Format(time.RFC3339Nano), cfg.WallOffset, cfg.Mutant)})
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	n.root = ctx
+	db, err := sql.Open(cfg.Driver, cfg.DSN)
+	if err != nil {
+		n.log.Error("open", "err", err)
+		return 2
+	}
+	defer db.Close()
+	n.db = db
+
+	for {
+		n.c, err = cluster.New(ctx, cluster.Config{
+			NodeID:            cfg.ID,
+			DB:                db,
+			TablePrefix:       cfg.Prefix,
+			LeaseTTL:          cfg.TTL,
+			HeartbeatInterval: cfg.Heartbeat,
+			FenceTimeout:      cfg.FenceTimeout,
+			SkipMigrations:    true, // the harness made the schema (and may have removed guards)
+			Chains:            []cluster.Chain{{Name: chainName, Table: cfg.Prefix + "audit"}},
+			WitnessFile:       cfg.Witness,
+			Logger:            n.log,
+			Observer:          n.observe,
+			OnTransition:      n.transition,
+		})
+		if err == nil {
+			break
+		}
+		n.log.Warn("New failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(cfg.Heartbeat):
+		}
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { n.sample(ctx) })
+	wg.Go(func() { n.c.RunWhileLeader(ctx, n.term) })
+	if cfg.Mutant == mutantSteal {
+		wg.Go(func() { n.steal(ctx) })
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.c.Shutdown(sctx); err != nil {
+		n.log.Warn("Shutdown", "err", err)
+	}
+	wg.Wait()
+	n.zombies.Wait()
+	return 0
+}
+
+// observe is the Observer: it runs on the heartbeat goroutine and only
+// notes times.
+func (n *node) observe(op cluster.Operation) {
+	if op.Outcome != cluster.OutcomeOK || (op.Kind != cluster.OpAcquire && op.Kind != cluster.OpRenew) {
+		return
+	}
+	start := n.clk.now() - int64(op.Duration)
+	n.mu.Lock()
+	if op.Kind == cluster.OpAcquire {
+		n.acquireStarts = append(n.acquireStarts, start)
+	}
+	n.lastOK = max(n.lastOK, start)
+	n.mu.Unlock()
+}
+
+// transition records the library's events. A lease-acquired event is a
+// grant, between the start of the earliest successful acquire call not yet
+// paired and now: the interval contains the statement that granted it.
+func (n *node) transition(e cluster.Event) {
+	now := n.clk.now()
+	what := string(e.Kind)
+	if e.Reason != "" {
+		what += " " + string(e.Reason)
+	}
+	if e.LeaderID != "" {
+		what += " leader=" + e.LeaderID
+	}
+	n.h.add(record{T: now, Kind: kEvent, Token: e.FencingToken, What: what})
+	if e.Kind != cluster.EventLeaseAcquired {
+		return
+	}
+	n.mu.Lock()
+	from := int64(0) // no acquire seen: since the experiment began
+	if len(n.acquireStarts) > 0 {
+		from = n.acquireStarts[0]
+	}
+	n.acquireStarts = n.acquireStarts[:0]
+	n.lastToken = e.FencingToken
+	n.mu.Unlock()
+	n.h.add(record{T: now, Kind: kGrant, Token: e.FencingToken, From: from, To: now, What: "acquire"})
+}
+
+// believes is what this node takes to be its leadership: the library's
+// (IsLeader, with its token), unless a mutant replaces it.
+func (n *node) believes() uint64 {
+	tok := n.c.FencingToken() // IsLeader and the token, read at once
+	switch n.cfg.Mutant {
+	case mutantLongTrust:
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.lastToken != 0 && n.clk.now() < n.lastOK+int64(3*n.cfg.TTL) {
+			return n.lastToken
+		}
+		return 0
+	case mutantSteal:
+		if tok != 0 {
+			return tok
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.stolen != 0 && n.clk.now() < n.stolenUntil {
+			return n.stolen
+		}
+	}
+	return tok
+}
+
+// sample polls the node's belief every few milliseconds and records each
+// interval throughout which it held: from just after the first sample that
+// saw it to just before the last one, so the interval is certain. A change
+// of token ends an interval. An open interval is recorded every 50ms, so a
+// SIGKILL loses at most that much of it.
+func (n *node) sample(ctx context.Context) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var tok uint64
+	var from, last, flushed int64
+	end := func() {
+		if tok != 0 && last > from {
+			n.h.add(record{T: n.clk.now(), Kind: kBelief, Token: tok, From: from, To: last})
+		}
+		tok = 0
+	}
+	for {
+		t0 := n.clk.now()
+		b := n.believes()
+		t1 := n.clk.now()
+		if b != tok {
+			end()
+			if b != 0 {
+				tok, from, last, flushed = b, t1, t1, t1
+			}
+		} else if b != 0 {
+			last = t0
+			if last-flushed >= int64(50*time.Millisecond) && last > from {
+				n.h.add(record{T: t1, Kind: kBelief, Token: tok, From: from, To: last, What: "open"})
+				flushed = last
+			}
+		}
+		select {
+		case <-ctx.Done():
+			end()
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// term is the leader work: fenced writes while the term lasts, then (when
+// configured) a few writes under the term's token after it ended, which
+// the database must refuse.
+func (n *node) term(ctx context.Context, token uint64) error {
+	style := styleFenced
+	if n.cfg.Mutant == mutantSkipFence {
+		style = styleUnfenced
+	}
+	for ctx.Err() == nil {
+		n.write(ctx, style, token)
+		select {
+		case <-ctx.Done():
+		case <-time.After(n.cfg.Pause):
+		}
+	}
+	if n.cfg.StaleWrites > 0 {
+		stale := styleStaleTip
+		if n.cfg.Mutant == mutantSkipFence {
+			stale = styleUnfenced
+		}
+		n.zombies.Go(func() { n.zombie(stale, token) })
+	}
+	return ctx.Err()
+}
+
+// zombie writes under an ended term's token, as a process paused past its
+// term would: StaleWrites writes, half a LeaseTTL apart.
+func (n *node) zombie(style string, token uint64) {
+	for i := 0; i < n.cfg.StaleWrites; i++ {
+		if i > 0 {
+			select {
+			case <-n.root.Done():
+				return
+			case <-time.After(n.cfg.TTL / 2):
+			}
+		}
+		if n.root.Err() != nil {
+			return
+		}
+		n.write(n.root, style, token)
+	}
+}
+
+// write runs one write transaction and records its invocation and outcome.
+func (n *node) write(ctx context.Context, style string, token uint64) {
+	n.opMu.Lock()
+	n.ops++
+	id := fmt.Sprintf("%s.%d#%d", n.cfg.ID, n.cfg.Incarnation, n.ops)
+	n.opMu.Unlock()
+	inv := record{T: n.clk.now(), Kind: kInvoke, Op: id, What: style}
+	if style != styleFenced {
+		inv.Token = token
+	}
+	n.h.add(inv)
+	tctx, cancel := context.WithTimeout(ctx, n.cfg.TTL)
+	defer cancel()
+	r := n.txn(tctx, style, token, id)
+	r.T, r.Op = n.clk.now(), id
+	n.h.add(r)
+}
+
+// txn is one write: the locked counter row gives it its commit-order
+// number and the audit chain's next counter and previous hash; it inserts
+// the write-log row and the audit row, and advances the chain's tip.
+func (n *node) txn(ctx context.Context, style string, token uint64, id string) record {
+	d, p := n.cfg.Dialect, n.cfg.Prefix
+	fail := func(stage string, err error) record {
+		what := "error"
+		if errors.Is(err, cluster.ErrStaleFencingToken) || strings.Contains(err.Error(), "SF001") || strings.Contains(err.Error(), "stale fencing token") {
+			what = "refused"
+		}
+		return record{Kind: kFail, Token: token, Err: stage + ": " + err.Error(), What: what}
+	}
+	tx, err := n.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fail("begin", err)
+	}
+	defer tx.Rollback()
+	if style == styleFenced {
+		if token, err = n.c.Fence(ctx, tx); err != nil {
+			return fail("fence", err)
+		}
+	}
+	lock := " FOR UPDATE"
+	if d == cluster.SQLite {
+		lock = "" // the transaction holds the write lock from BEGIN
+	}
+	var seq, counter int64
+	var prev []byte
+	if err := tx.QueryRowContext(ctx, "SELECT n, a, h FROM "+p+"seq WHERE id = 1"+lock).Scan(&seq, &counter, &prev); err != nil {
+		return fail("lock counter", err)
+	}
+	seq++
+	payload := fmt.Sprintf("%s|%d|%d", id, token, seq)
+	hash := append([]byte{}, prev...) // never nil: the column is NOT NULL
+	if style != styleUnfenced {
+		counter++
+		sum := sha256.Sum256(append(append([]byte{}, prev...), payload...))
+		hash = sum[:]
+	}
+	if _, err := tx.ExecContext(ctx, bind(d, "UPDATE "+p+"seq SET n = ?, a = ?, h = ? WHERE id = 1"), seq, counter, hash); err != nil {
+		return fail("update counter", err)
+	}
+	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+p+"writes (seq, token, op) VALUES (?, ?, ?)"), seq, int64(token), id); err != nil {
+		return fail("insert write", err)
+	}
+	if style != styleUnfenced {
+		if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+p+"audit (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), counter, hash, payload); err != nil {
+			return fail("insert audit", err)
+		}
+	}
+	switch style {
+	case styleFenced:
+		if err := n.c.AdvanceTip(ctx, tx, chainName, uint64(counter), hash); err != nil {
+			return fail("advance tip", err)
+		}
+	case styleStaleTip:
+		if _, err := tx.ExecContext(ctx, tipUpsert(d, p), chainName, "leader", counter, hash, int64(token)); err != nil {
+			return fail("raw tip", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return record{Kind: kInfo, Token: token, Seq: seq, Err: "commit: " + err.Error()}
+	}
+	return record{Kind: kOK, Token: token, Seq: seq}
+}
+
+// steal is the steal mutant: every 3×LeaseTTL, when it does not lead, the
+// node takes the lease row with raw SQL that ignores its expiry, as an
+// acquire statement without its expiry check would, and believes it leads
+// for FenceTimeout.
+func (n *node) steal(ctx context.Context) {
+	d, p := n.cfg.Dialect, n.cfg.Prefix
+	now := nowMillis(d)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(3 * n.cfg.TTL):
+		}
+		if n.believes() != 0 {
+			continue
+		}
+		start := n.clk.now()
+		tctx, cancel := context.WithTimeout(ctx, n.cfg.Heartbeat)
+		var tok int64
+		err := func() error {
+			tx, err := n.db.BeginTx(tctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(tctx, bind(d, "UPDATE "+p+"lease SET holder = ?, instance = ?, fencing_token = fencing_token + 1, acquired_at = "+now+
+				", renewed_at = "+now+", expires_at = "+now+" + ? WHERE name = ?"), n.cfg.ID+"~steal", "steal", n.cfg.TTL.Milliseconds(), "leader"); err != nil {
+				return err
+			}
+			if err := tx.QueryRowContext(tctx, bind(d, "SELECT fencing_token FROM "+p+"lease WHERE name = ?"), "leader").Scan(&tok); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		cancel()
+		end := n.clk.now()
+		if err != nil {
+			n.log.Info("steal failed", "err", err)
+			continue
+		}
+		n.mu.Lock()
+		n.stolen, n.stolenUntil = uint64(tok), start+int64(n.cfg.FenceTimeout)
+		n.mu.Unlock()
+		n.h.add(record{T: end, Kind: kGrant, Token: uint64(tok), From: start, To: end, What: "steal"})
+	}
+}

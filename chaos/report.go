@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// report prints one experiment's results as a Jepsen-style summary.
+func report(w io.Writer, r *result) {
+	fmt.Fprintf(w, "operations  %d writes: %s; %d stale writes (%d committed while their token was still current); %d grants; %d belief intervals\n",
+		r.Writes, counts(r.Outcomes, "ok", "refused", "error", "info-committed", "info-absent"), r.StaleWrites, r.StaleOK, r.Grants, r.Beliefs)
+	fmt.Fprintf(w, "database    %d rows in commit order, %d in the audit chain\n", r.Rows, r.ChainRows)
+	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock))
+	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
+		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
+	fmt.Fprintf(w, "failover    %s\n", durations(r.Failovers, "faults that ended the leader's belief, to the next leader"))
+	fmt.Fprintf(w, "leaderless  %s\n", gapLine(r.Gaps))
+	if r.LongestGap != "" {
+		fmt.Fprintf(w, "            longest: %s\n", r.LongestGap)
+	}
+	gap := "none measured"
+	if r.MinGap >= 0 {
+		gap = r.MinGap.Round(time.Microsecond).String()
+	}
+	fmt.Fprintf(w, "beliefs     smallest gap between two processes' beliefs: %s\n", gap)
+	fmt.Fprintf(w, "porcupine   %d operations checked in %v\n", r.Linearized, r.CheckTime.Round(time.Millisecond))
+	if len(r.Anomalies) == 0 {
+		fmt.Fprintf(w, "anomalies   none\n")
+		return
+	}
+	byKind := map[string]int{}
+	for _, a := range r.Anomalies {
+		byKind[a.Kind]++
+	}
+	fmt.Fprintf(w, "anomalies   %d: %s\n", len(r.Anomalies), counts(byKind))
+	for i, a := range r.Anomalies {
+		if i == 30 {
+			fmt.Fprintf(w, "  ... and %d more\n", len(r.Anomalies)-30)
+			break
+		}
+		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
+	}
+}
+
+// counts prints m's entries, the named keys first in that order.
+func counts(m map[string]int, order ...string) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, k := range order {
+		seen[k] = true
+		if m[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+		}
+	}
+	var rest []string
+	for k := range m {
+		if !seen[k] && m[k] > 0 {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	for _, k := range rest {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func recoveryLine(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "no heal found the cluster without a leader"
+	}
+	return durations(ds, "heals without a leader")
+}
+
+func gapLine(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "never, after the first leader"
+	}
+	return durations(ds, "intervals without a leader")
+}
+
+// markdown writes the results as one Jepsen-style table per dialect, for
+// RELIABILITY.md.
+func markdown(w io.Writer, command string, rs []*result) {
+	fmt.Fprintf(w, "```sh\n%s\n```\n\n", command)
+	for _, r := range rs {
+		fmt.Fprintf(w, "#### %s: seed %d, %v of faults, %d nodes%s\n\n", r.Dialect, r.Seed, r.Duration, r.Nodes, mutantNote(r.Mutant))
+		fmt.Fprintf(w, "| | kind | value |\n| --- | --- | ---: |\n")
+		row := func(section, kind string, n any) { fmt.Fprintf(w, "| %s | %s | %v |\n", section, kind, n) }
+		row("operations", "writes invoked", r.Writes)
+		for _, k := range []string{"ok", "refused", "error", "info-committed", "info-absent"} {
+			row("", outcomeNames[k], r.Outcomes[k])
+		}
+		row("", "stale writes (under an ended term's token, without Fence)", fmt.Sprintf("%d (%d committed while their token was still current)", r.StaleWrites, r.StaleOK))
+		row("", "grants observed", r.Grants)
+		row("", "belief intervals", r.Beliefs)
+		row("", "rows in commit order / in the audit chain", fmt.Sprintf("%d / %d", r.Rows, r.ChainRows))
+		first := "faults"
+		for _, k := range []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock} {
+			if r.Faults[k] > 0 {
+				row(first, k, r.Faults[k])
+				first = ""
+			}
+		}
+		if first != "" {
+			row(first, "none", 0)
+		}
+		byKind := map[string]int{}
+		for _, a := range r.Anomalies {
+			byKind[a.Kind]++
+		}
+		if len(byKind) == 0 {
+			row("anomalies", "none", 0)
+		} else {
+			first = "anomalies"
+			for _, k := range slices.Sorted(maps.Keys(byKind)) {
+				row(first, k, byKind[k])
+				first = ""
+			}
+		}
+		row("recovery", fmt.Sprintf("after a heal with no leader (bound %v)", r.Timings.TTL+2*r.Timings.Heartbeat), recoveryLine(r.Recovery))
+		row("", "failover: from a fault that ended the leader's belief to the next belief", durations(r.Failovers, "faults"))
+		row("", "intervals without a leader", gapLine(r.Gaps))
+		if r.LongestGap != "" {
+			row("", "the longest", r.LongestGap)
+		}
+		gap := "none measured"
+		if r.MinGap >= 0 {
+			gap = r.MinGap.Round(time.Microsecond).String()
+		}
+		row("", "smallest gap between two processes' beliefs", gap)
+		row("", "porcupine", fmt.Sprintf("%d operations in %v", r.Linearized, r.CheckTime.Round(time.Millisecond)))
+		fmt.Fprintln(w)
+	}
+}
+
+var outcomeNames = map[string]string{
+	"ok":             "acknowledged (ok)",
+	"refused":        "refused by the library or the database (fail)",
+	"error":          "failed before COMMIT otherwise (fail)",
+	"info-committed": "unknown outcome, row present (info)",
+	"info-absent":    "unknown outcome, row absent (info)",
+}
+
+func durations(ds []time.Duration, what string) string {
+	if len(ds) == 0 {
+		return "none measured"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("%d %s: p50 %v, p99 %v, max %v", len(s), what,
+		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
