@@ -4,6 +4,7 @@
 // BENCHMARKS.md at the repository root for the tables and how to read them.
 //
 //	go run . compare   # IsLeader ns/op, handoff, crash takeover, fenced transactions
+//	go run . scale     # N members in one process against one PostgreSQL
 //
 // Every subcommand takes -h. Each run is bounded: a few minutes on a 2-core
 // machine with the defaults.
@@ -27,6 +28,8 @@ const usage = `usage: go run . <command> [flags]
 commands:
   compare  leadership-check ns/op, handoff and crash takeover over trials,
            and the cost of a fenced transaction, for this package and its peers
+  scale    N members in one process against one PostgreSQL (directly or
+           through a PgBouncer of its own)
 
 Run "go run . <command> -h" for a command's flags.
 `
@@ -48,6 +51,8 @@ func main() {
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "compare":
 		err = compare(ctx, args)
+	case "scale":
+		err = scale(ctx, args)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(os.Stdout, usage)
 		return
