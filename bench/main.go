@@ -5,6 +5,7 @@
 //
 //	go run . compare   # IsLeader ns/op, handoff, crash takeover, fenced transactions
 //	go run . scale     # N members in one process against one PostgreSQL
+//	go run . plot      # PNGs under plots/ from the JSON under results/
 //
 // Every subcommand takes -h. Each run is bounded: a few minutes on a 2-core
 // machine with the defaults.
@@ -30,6 +31,7 @@ commands:
            and the cost of a fenced transaction, for this package and its peers
   scale    N members in one process against one PostgreSQL (directly or
            through a PgBouncer of its own)
+  plot     PNG plots under plots/ from the JSON under results/
 
 Run "go run . <command> -h" for a command's flags.
 `
@@ -53,6 +55,8 @@ func main() {
 		err = compare(ctx, args)
 	case "scale":
 		err = scale(ctx, args)
+	case "plot":
+		err = plots(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(os.Stdout, usage)
 		return
