@@ -38,7 +38,7 @@ func compare(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	only := fs.String("only", "isleader,handoff,takeover,fence", "which measurements to run, comma-separated")
 	systems := fs.String("systems", "sqlite,postgres,mariadb,client-go,etcd", "systems for the handoff and takeover trials: sqlite, postgres, mariadb, pgx, client-go, etcd")
-	fenceSystems := fs.String("fence-systems", "sqlite,postgres,mariadb,pgx", "targets of the fenced-transaction comparison")
+	fenceSystems := fs.String("fence-systems", "sqlite,postgres,mariadb,mariadb+ip,pgx", "targets of the fenced-transaction comparison (mariadb+ip: the MySQL DSN with interpolateParams=true)")
 	trials := fs.Int("trials", 30, "handoff and takeover trials per system")
 	ttl := fs.Duration("ttl", 2*time.Second, "LeaseTTL, client-go's LeaseDuration and etcd's session TTL (whole seconds)")
 	heartbeat := fs.Duration("heartbeat", 200*time.Millisecond, "HeartbeatInterval and client-go's RetryPeriod")
@@ -46,8 +46,8 @@ func compare(ctx context.Context, args []string) error {
 	pgHandoff := fs.String("pg-handoff", pgHandoffPoll, "PostgreSQL handoff mode: poll, or notify (see handoffmode.go)")
 	takeoverParallel := fs.Bool("takeover-parallel", true, "run the systems' takeover trials at the same time (each waits out a TTL; the machine is idle meanwhile)")
 	count := fs.Int("count", 5, "repetitions of each IsLeader benchmark (the median is reported)")
-	rounds := fs.Int("rounds", 7, "rounds of the fenced-transaction comparison")
-	round := fs.Duration("round", time.Second, "how long each side of a fenced-transaction round runs")
+	rounds := fs.Int("rounds", 15, "rounds of the fenced-transaction comparison")
+	round := fs.Duration("round", 400*time.Millisecond, "how long each side of a fenced-transaction round runs")
 	pg := fs.String("postgres", cmp.Or(os.Getenv("CLUSTER_TEST_POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	my := fs.String("mysql", cmp.Or(os.Getenv("CLUSTER_TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test"), "MySQL/MariaDB DSN")
 	out := fs.String("out", "results", "directory of the JSON results (merged by system)")
@@ -377,9 +377,13 @@ func (r *compareRun) fence(ctx context.Context, names []string, rounds int, roun
 		res.Results = append(res.Results, fr)
 	}
 	res.Machine.done()
-	fmt.Printf("\nfenced transaction (median of %d rounds of %v each)\n\n| system | unfenced µs | fenced µs | ratio (median of rounds) | ratio range | lost-lease retries |\n| --- | ---: | ---: | ---: | ---: | ---: |\n", rounds, round)
+	fmt.Printf("\nfenced transaction (%d rounds of %v, the forms interleaved; µs per transaction)\n\n", rounds, round)
+	fmt.Println("| system | each | unfenced p50 | read p50 | fenced p50 | fenced/unfenced | fenced/read | round ratios | ratio of means | unfenced p99 | fenced p99 |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, f := range res.Results {
-		fmt.Printf("| %s | %.0f | %.0f | %.2f× | %.2f–%.2f | %d |\n", f.System, f.MedUnfenced, f.MedFenced, f.MedRatio, slices.Min(f.Ratio), slices.Max(f.Ratio), f.Errors)
+		fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %.2f× | %.2f× | %.2f–%.2f | %.2f× | %.0f | %.0f |\n", f.System, f.Unfenced.N,
+			1000*f.Unfenced.P50, 1000*f.Read.P50, 1000*f.Fenced.P50, f.MedianRatio, f.ReadRatio,
+			slices.Min(f.RoundRatios), slices.Max(f.RoundRatios), f.MeanRatio, 1000*f.Unfenced.P99, 1000*f.Fenced.P99)
 	}
 	return writeJSON(r.out, "fence.json", res)
 }
