@@ -70,14 +70,18 @@ func cpuModel() string {
 	return ""
 }
 
-// libraryCommit is the commit of the working tree the replace directive
-// points at, marked dirty when it has changes.
+// libraryCommit is the commit of the library the replace directive points
+// at, marked dirty when files outside bench/ have changes.
 func libraryCommit() string {
-	out, err := exec.Command("git", "-C", "..", "describe", "--always", "--dirty", "--abbrev=12").Output()
+	out, err := exec.Command("git", "-C", "..", "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return "unknown"
 	}
-	return strings.TrimSpace(string(out))
+	commit := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "-C", "..", "status", "--porcelain", "--", ".", ":!bench").Output(); err == nil && len(st) > 0 {
+		commit += "-dirty"
+	}
+	return commit
 }
 
 func peerVersions() string {

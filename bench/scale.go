@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +45,7 @@ type scalePoint struct {
 	AcquireLatency summary            `json:"acquireLatency"` // followers' attempts
 	SelfFences     uint64             `json:"selfFences"`     // during the window
 	LossesTaken    uint64             `json:"lossesTaken"`
+	CPU            cpuUse             `json:"cpu"` // cores busy during the window
 
 	Handoff        summary `json:"handoff"`
 	Takeover       summary `json:"takeover"`
@@ -103,10 +105,11 @@ func scale(ctx context.Context, args []string) error {
 	heartbeat := fs.Duration("heartbeat", 200*time.Millisecond, "HeartbeatInterval")
 	window := fs.Duration("window", 10*time.Second, "how long load and latency are measured at each N")
 	trials := fs.Int("trials", 10, "handoff and takeover trials at each N (0 for none)")
-	headroom := fs.Int("headroom", 10, "PostgreSQL connections to leave free for everyone else (direct)")
+	headroom := fs.Int("headroom", 5, "PostgreSQL connections to leave free for everyone else (direct)")
 	poolSize := fs.Int("pool-size", 20, "PgBouncer's server connections (default_pool_size)")
 	pg := fs.String("postgres", cmp.Or(os.Getenv("CLUSTER_TEST_POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	out := fs.String("out", "results", "directory of the JSON results")
+	name := fs.String("name", "", "the series' name: results/scale-NAME.json and the plots' legend (default: -via)")
 	verbose := fs.Bool("v", false, "log progress and the members' warnings")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -151,7 +154,10 @@ func scale(ctx context.Context, args []string) error {
 	memberDSN := *pg
 	var bouncer *pgBouncer
 	if *via == "pgbouncer" {
-		if bouncer, err = startPgBouncer(*pg, slices.Max(counts)+50, *poolSize); err != nil {
+		// Room for twice the members: a statement cut off by its timeout
+		// closes its connection, and pgx's cancel request is a
+		// connection of its own, so clients churn under overload.
+		if bouncer, err = startPgBouncer(*pg, 2*slices.Max(counts)+100, *poolSize); err != nil {
 			return err
 		}
 		defer bouncer.stop()
@@ -187,7 +193,11 @@ func scale(ctx context.Context, args []string) error {
 				continue
 			}
 		}
-		err := scaleOne(ctx, &p, scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf})
+		setup := scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf}
+		if bouncer != nil {
+			setup.bouncerPid = bouncer.cmd.Process.Pid
+		}
+		err := scaleOne(ctx, &p, setup)
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
@@ -201,21 +211,41 @@ func scale(ctx context.Context, args []string) error {
 		points = append(points, p)
 	}
 	printScale(points)
-	return writeJSON(*out, "scale-"+*via+".json", scaleResult{Points: points})
+	// Merge by N into the series' file, so an N run later (when the server
+	// has room for it) joins the others.
+	series := cmp.Or(*name, *via)
+	file := "scale-" + series + ".json"
+	all := scaleResult{Name: series}
+	if err := readJSON(filepath.Join(*out, file), &all); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, p := range points {
+		i := slices.IndexFunc(all.Points, func(q scalePoint) bool { return q.N == p.N })
+		switch {
+		case i < 0:
+			all.Points = append(all.Points, p)
+		case p.ClientPS > 0 || all.Points[i].ClientPS == 0:
+			all.Points[i] = p // a point skipped now does not replace one measured before
+		}
+	}
+	slices.SortFunc(all.Points, func(a, b scalePoint) int { return cmp.Compare(a.N, b.N) })
+	return writeJSON(*out, file, all)
 }
 
 type scaleResult struct {
+	Name   string       `json:"name"`
 	Points []scalePoint `json:"points"`
 }
 
 type scaleSetup struct {
-	tg      target
-	admin   *sql.DB
-	tm      timings
-	window  time.Duration
-	trials  int
-	verbose bool
-	logf    func(string, ...any)
+	bouncerPid int
+	tg         target
+	admin      *sql.DB
+	tm         timings
+	window     time.Duration
+	trials     int
+	verbose    bool
+	logf       func(string, ...any)
 }
 
 // scaleOne measures one N: start, a window of steady load, then handoff
@@ -265,6 +295,11 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 	if err != nil {
 		return err
 	}
+	pids, err := backendPids(ctx, s.admin)
+	if err != nil {
+		return err
+	}
+	cpu0 := takeCPU(s.bouncerPid, pids)
 	counter.reset()
 	counter.recording.Store(true)
 	wstart := time.Now()
@@ -272,6 +307,7 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 		return err
 	}
 	counter.recording.Store(false)
+	p.CPU = cpu0.use(takeCPU(s.bouncerPid, pids))
 	elapsed := time.Since(wstart).Seconds()
 	x1, err := xactCount(ctx, s.admin)
 	if err != nil {
@@ -294,8 +330,9 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 	p.Errors = counter.errors
 	p.RenewLatency, p.AcquireLatency = summarize(counter.renew), summarize(counter.acquire)
 	counter.mu.Unlock()
-	s.logf("N=%d: %.0f statements/s by the client, %.0f xact/s at the server (%.0f before), renew p50 %.2fms p99 %.2fms, %d errors, %d self-fences",
-		p.N, p.ClientPS, p.XactPS, p.BaselineXactPS, p.RenewLatency.P50, p.RenewLatency.P99, p.Errors, p.SelfFences)
+	s.logf("N=%d: %.0f statements/s by the client, %.0f xact/s at the server (%.0f before), renew p50 %.2fms p99 %.2fms, %d errors, %d self-fences; cores busy: bench %.2f, pgbouncer %.2f, backends %.2f, machine %.2f",
+		p.N, p.ClientPS, p.XactPS, p.BaselineXactPS, p.RenewLatency.P50, p.RenewLatency.P99, p.Errors, p.SelfFences,
+		p.CPU.Bench, p.CPU.PgBouncer, p.CPU.Backends, p.CPU.Machine)
 
 	if s.trials == 0 {
 		return nil
@@ -394,6 +431,24 @@ func xactRate(ctx context.Context, admin *sql.DB, d time.Duration) (float64, err
 	return float64(x1-x0-1) / time.Since(start).Seconds(), nil
 }
 
+// backendPids are the PostgreSQL backends serving the members.
+func backendPids(ctx context.Context, admin *sql.DB) ([]int, error) {
+	rows, err := admin.QueryContext(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", scaleAppName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pids []int
+	for rows.Next() {
+		var pid int
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids = append(pids, pid)
+	}
+	return pids, rows.Err()
+}
+
 func serverConns(ctx context.Context, admin *sql.DB) (int, error) {
 	var n int
 	err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", scaleAppName).Scan(&n)
@@ -412,17 +467,18 @@ func withParam(dsn, key, value string) (string, error) {
 }
 
 func printScale(points []scalePoint) {
-	fmt.Printf("\n| via | N | conns | server conns | client stmts/s | server xact/s (before) | renew p50 | renew p99 | acquire p50 | acquire p99 | errors | self-fences | handoff p50 | handoff p99 | takeover p50 | takeover p99 |\n")
-	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Printf("\n| via | N | conns | server conns | client stmts/s | server xact/s (before) | renew p50 | renew p99 | acquire p50 | acquire p99 | errors | self-fences | handoff p50 | handoff p99 | takeover p50 | takeover p99 | cores: bench, pgbouncer, backends, machine |\n")
+	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, p := range points {
 		if p.Limited != "" && p.ClientPS == 0 {
-			fmt.Printf("| %s | %d | %d | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", p.Via, p.N, p.Conns)
+			fmt.Printf("| %s | %d | %d | – | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", p.Via, p.N, p.Conns)
 			continue
 		}
-		fmt.Printf("| %s | %d | %d | %d | %.0f | %.0f (%.0f) | %s | %s | %s | %s | %d | %d | %s | %s | %s | %s |\n",
+		fmt.Printf("| %s | %d | %d | %d | %.0f | %.0f (%.0f) | %s | %s | %s | %s | %d | %d | %s | %s | %s | %s | %.2f, %.2f, %.2f, %.2f |\n",
 			p.Via, p.N, p.Conns, p.ServerConns, p.ClientPS, p.XactPS, p.BaselineXactPS,
 			fmtMs(p.RenewLatency.P50), fmtMs(p.RenewLatency.P99), fmtMs(p.AcquireLatency.P50), fmtMs(p.AcquireLatency.P99),
-			p.Errors, p.SelfFences, fmtMs(p.Handoff.P50), fmtMs(p.Handoff.P99), fmtMs(p.Takeover.P50), fmtMs(p.Takeover.P99))
+			p.Errors, p.SelfFences, fmtMs(p.Handoff.P50), fmtMs(p.Handoff.P99), fmtMs(p.Takeover.P50), fmtMs(p.Takeover.P99),
+			p.CPU.Bench, p.CPU.PgBouncer, p.CPU.Backends, p.CPU.Machine)
 	}
 	for _, p := range points {
 		if p.Limited != "" {
