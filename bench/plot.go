@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -43,19 +44,20 @@ func plots(args []string) error {
 		}
 		drawn++
 	}
+	files, err := filepath.Glob(filepath.Join(*in, "scale-*.json"))
+	if err != nil {
+		return err
+	}
 	var series []scaleResult
-	var vias []string
-	for _, via := range []string{"direct", "pgbouncer"} {
+	for _, f := range files {
 		var r scaleResult
-		if err := readJSON(filepath.Join(*in, "scale-"+via+".json"), &r); errors.Is(err, os.ErrNotExist) {
-			continue
-		} else if err != nil {
+		if err := readJSON(f, &r); err != nil {
 			return err
 		}
-		series, vias = append(series, r), append(vias, via)
+		series = append(series, r)
 	}
 	if len(series) > 0 {
-		if err := scalePlots(series, vias, *out); err != nil {
+		if err := scalePlots(series, *out); err != nil {
 			return err
 		}
 		drawn++
@@ -107,7 +109,7 @@ func trialsPlot(r trialsResult, path string) error {
 	return save(p, path, 7, 3.6)
 }
 
-func scalePlots(series []scaleResult, vias []string, dir string) error {
+func scalePlots(series []scaleResult, dir string) error {
 	type line struct {
 		label string
 		y     func(scalePoint) float64 // 0: not measured at that N
@@ -120,7 +122,12 @@ func scalePlots(series []scaleResult, vias []string, dir string) error {
 		{"scale-statements.png", "Load on PostgreSQL against members (one process)", "statements per second", true,
 			[]line{
 				{"client-side count", func(p scalePoint) float64 { return p.ClientPS }},
-				{"server xact/s, all load", func(p scalePoint) float64 { return p.XactPS }},
+				{"one per member per heartbeat", func(p scalePoint) float64 {
+					if p.HeartbeatMs == 0 {
+						return 0
+					}
+					return float64(p.N) * 1000 / p.HeartbeatMs
+				}},
 			}},
 		{"scale-takeover.png", "Crash takeover against members", "ms until another member leads", false,
 			[]line{
@@ -136,7 +143,7 @@ func scalePlots(series []scaleResult, vias []string, dir string) error {
 	for _, d := range draws {
 		p := plot.New()
 		p.Title.Text = d.title
-		p.X.Label.Text = "members (N), log scale"
+		p.X.Label.Text = "members (N), log scale; series: LeaseTTL/heartbeat"
 		p.Y.Label.Text = d.ylabel
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = nTicks(series)
@@ -161,9 +168,9 @@ func scalePlots(series []scaleResult, vias []string, dir string) error {
 				}
 				ln.Color, pts.Color = plotutil.Color(k), plotutil.Color(k)
 				pts.Shape = plotutil.Shape(si)
-				ln.Dashes = plotutil.Dashes(li % 2)
+				ln.Dashes = plotutil.Dashes(li)
 				p.Add(ln, pts)
-				p.Legend.Add(fmt.Sprintf("%s, %s", vias[si], l.label), ln, pts)
+				p.Legend.Add(fmt.Sprintf("%s %s, %s", s.Name, seriesTimings(s), l.label), ln, pts)
 				k++
 			}
 		}
@@ -176,6 +183,15 @@ func scalePlots(series []scaleResult, vias []string, dir string) error {
 		}
 	}
 	return nil
+}
+
+// seriesTimings is a series' LeaseTTL/heartbeat, as "2s/200ms".
+func seriesTimings(s scaleResult) string {
+	if len(s.Points) == 0 {
+		return ""
+	}
+	p := s.Points[0]
+	return fmt.Sprintf("%v/%v", time.Duration(p.TTLMs*float64(time.Millisecond)), time.Duration(p.HeartbeatMs*float64(time.Millisecond)))
 }
 
 // nTicks marks every N that was run.
