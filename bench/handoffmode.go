@@ -4,14 +4,14 @@ import (
 	"fmt"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
 )
 
-// PostgreSQL handoff modes for -pg-handoff. A follower of this package
-// learns of a released lease at its next attempt, within one heartbeat
-// ("poll"). A LISTEN/NOTIFY handoff, in which the release wakes the
-// followers at once, is being added to the library; "notify" is where it
-// is switched on, so that the PostgreSQL handoff trials can be run again
-// with one command once it lands:
+// PostgreSQL handoff modes for -pg-handoff. With "poll" a follower of this
+// package learns of a released lease at its next attempt, within one
+// heartbeat (Config.PollOnly). With "notify" the release's NOTIFY wakes the
+// followers at once: they LISTEN through clusterpgx's providers
+// (NewStdlibProvider for the database/sql members, NewProvider for pgx).
 //
 //	go run . compare -only handoff -systems postgres,pgx -pg-handoff notify
 //
@@ -27,13 +27,20 @@ const (
 func pgHandoffMode(mode string) (suffix string, configure func(*cluster.Config) error, err error) {
 	switch mode {
 	case pgHandoffPoll:
-		return "", nil, nil
+		return "", func(c *cluster.Config) error {
+			c.PollOnly = true
+			return nil
+		}, nil
 	case pgHandoffNotify:
-		return "+notify", func(*cluster.Config) error {
-			// Set the library's switch for LISTEN/NOTIFY handoff here once it
-			// exists. Until then this mode refuses to run rather than
-			// measure polling under the wrong name.
-			return fmt.Errorf("-pg-handoff %s: this build of the library has no LISTEN/NOTIFY handoff yet (see handoffmode.go)", mode)
+		return "+notify", func(c *cluster.Config) error {
+			if c.Provider == nil && c.DB != nil {
+				p, err := clusterpgx.NewStdlibProvider(c.DB, c.TablePrefix)
+				if err != nil {
+					return err
+				}
+				c.Provider = p
+			}
+			return nil
 		}, nil
 	}
 	return "", nil, fmt.Errorf("-pg-handoff %q: want %q or %q", mode, pgHandoffPoll, pgHandoffNotify)

@@ -74,7 +74,21 @@ func trialsPlot(r trialsResult, path string) error {
 		handoff:  "Handoff after a clean release",
 		takeover: "Takeover after a crash",
 	}[r.Kind]
-	p.Title.Text = fmt.Sprintf("%s (3 members, LeaseTTL 2s, heartbeat 200ms)", what)
+	var ttl, hb float64
+	if len(r.Systems) > 0 {
+		ttl, hb = r.Systems[0].TTLMs, r.Systems[0].HeartbeatMs
+	}
+	p.Title.Text = fmt.Sprintf("%s (%d members, LeaseTTL %v, heartbeat %v)", what, slots,
+		time.Duration(ttl*float64(time.Millisecond)), time.Duration(hb*float64(time.Millisecond)))
+	if r.Kind == takeover && ttl > 0 {
+		// The lease's length, for reference: a crash right after a renew.
+		line := plotter.NewFunction(func(float64) float64 { return ttl })
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		line.Color = color.Gray{Y: 120}
+		p.Add(line)
+		p.Legend.Add("LeaseTTL", line)
+		p.Legend.Top, p.Legend.Left = false, true
+	}
 	p.Y.Label.Text = "ms until another member leads"
 	p.Y.Min = 0
 	rng := rand.New(rand.NewPCG(1, 2)) // jitter of the dots only
