@@ -206,7 +206,7 @@ func startLaneWorker(t *testing.T, tg testdb.Target, n *node, keys []string, pau
 				if err == nil {
 					// Leave SQLite's write lock to the others a moment, as a
 					// worker doing real work between transactions would.
-					time.Sleep(2 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond)
 				}
 			}
 			select {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -404,6 +405,22 @@ func (c *Cluster) keep(ctx context.Context, kick <-chan struct{}) {
 	}
 }
 
+// rejoin records this node's membership again, for the keeper.
+func (c *Cluster) rejoin(ctx context.Context) {
+	host, _ := os.Hostname()
+	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
+	jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
+	defer cancel()
+	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
+		if ctx.Err() == nil {
+			c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; it does not count in the lanes' fair share yet", "err", err)
+		}
+		return
+	}
+	c.joined.Store(true)
+	c.log.InfoContext(ctx, "cluster: recorded this node's membership, which its start could not")
+}
+
 // keeperTimeout bounds a keeper statement: it may wait for its turn (a
 // row or SQLite's write lock held by a transaction) as long as this
 // node's belief in the lanes it renews can outlast a heartbeat, and the
@@ -434,7 +451,13 @@ func (c *Cluster) keeperResult(ctx context.Context, what string, err error) {
 // refreshes what OwnsLane reads, and hands over the lanes above this
 // node's share. It reports whether it also read the config version.
 func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
-	if !c.lanes.joined {
+	if c.members != nil && !c.joined.Load() {
+		// The fair share counts members: a node whose membership row is
+		// missing (its join at start failed) would never get a lane while
+		// the others hold them. Join again.
+		c.rejoin(ctx)
+	}
+	if !c.lanes.joined && (c.members == nil || c.joined.Load()) {
 		jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		if err := store.JoinLanes(jctx, c.cfg.LeaseName, c.instance); err == nil {
 			c.lanes.joined = true

@@ -237,7 +237,7 @@ func TestLaneFencedWritersAcrossTakeover(t *testing.T) {
 					if n == a {
 						roundsA.Add(1)
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond)
 				}
 			})
 		}
@@ -416,15 +416,15 @@ func TestLaneBalance(t *testing.T) {
 		createLaneLog(t, tg, setup)
 		keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
 		a := start(t, tg, "a")
-		wa := startLaneWorker(t, tg, a, keys, 50*time.Millisecond)
+		wa := startLaneWorker(t, tg, a, keys, 100*time.Millisecond)
 		waitBalanced(t, keys, []int{6}, a)
 
 		b := start(t, tg, "b")
-		wb := startLaneWorker(t, tg, b, keys, 50*time.Millisecond)
+		wb := startLaneWorker(t, tg, b, keys, 100*time.Millisecond)
 		joined := waitBalanced(t, keys, []int{3, 3}, a, b)
 
 		c := start(t, tg, "c")
-		wc := startLaneWorker(t, tg, c, keys, 50*time.Millisecond)
+		wc := startLaneWorker(t, tg, c, keys, 100*time.Millisecond)
 		joined3 := waitBalanced(t, keys, []int{2, 2, 2}, a, b, c)
 
 		wb.halt()
@@ -491,4 +491,61 @@ func TestOwnsLaneDoesNotAllocate(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("OwnsLane allocates %v times per call", n)
 	}
+}
+
+// joinFailsOnce is the default provider whose first membership join fails,
+// as under write contention at start.
+type joinFailsOnce struct {
+	*cluster.DBProvider
+	failed atomic.Bool
+}
+
+func (p *joinFailsOnce) Join(ctx context.Context, scope string, m cluster.Member) error {
+	if !p.failed.Swap(true) {
+		return errors.New("join the cluster: context deadline exceeded")
+	}
+	return p.DBProvider.Join(ctx, scope, m)
+}
+
+// A node whose membership could not be recorded at start still gets its
+// share of the lanes: its keeper records the membership again, and the
+// node that held every lane hands one over.
+func TestLaneShareAfterFailedJoin(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		keys := []string{"k1", "k2"}
+		a := start(t, tg, "a")
+		for _, k := range keys {
+			if _, err := claimLane(ctx, a, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := startOn(t, tg, db, "b", func(c *cluster.Config) { c.Provider = &joinFailsOnce{DBProvider: p} })
+		waitFor(t, 10*time.Second, "b to get a lane", func() bool {
+			for _, k := range keys {
+				if _, err := claimLane(ctx, b, k); err != nil && !expectedLaneRefusal(err) {
+					t.Fatalf("claim of %s: %v", k, err)
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+			return slices.Equal(lanesOf(keys, a, b), []int{1, 1})
+		})
+		ms, err := b.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var listed bool
+		for _, m := range ms {
+			listed = listed || m.NodeID == "b"
+		}
+		if !listed {
+			t.Fatalf("b is not a member after its keeper joined again: %+v", ms)
+		}
+	})
 }

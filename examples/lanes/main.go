@@ -156,19 +156,24 @@ func main() {
 	fmt.Println("Every item was processed once, in order per partition, and no partition's token ever went back.")
 }
 
-// work is a node's worker: it goes round the partitions and, in each
-// transaction, claims one and processes its next item. A partition
-// another node owns is refused at the claim and skipped.
+// work is a node's worker: it goes round the partitions it owns
+// (OwnsLane, a cheap hint) and, every fifth round, the others too, to take
+// those that are free; in each transaction it claims the partition and
+// processes its next item. A partition another node owns is refused at
+// the claim and skipped.
 func (n *node) work() {
 	ctx := context.Background()
 	tokens := map[string]uint64{}
-	for {
+	for round := 0; ; round++ {
 		busy := false
 		for _, p := range partitions {
 			select {
 			case <-n.stop:
 				return
 			default:
+			}
+			if round%5 != 0 && !n.OwnsLane(p) {
+				continue
 			}
 			did, token, err := n.processNext(ctx, p)
 			switch {

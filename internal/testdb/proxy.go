@@ -18,6 +18,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	blocked bool
+	closed  bool
 	cond    *sync.Cond
 	conns   []net.Conn
 	wg      sync.WaitGroup
@@ -57,6 +58,7 @@ func (p *Proxy) Unblock() {
 func (p *Proxy) Close() {
 	p.ln.Close()
 	p.mu.Lock()
+	p.closed = true
 	p.blocked = false
 	p.cond.Broadcast()
 	for _, c := range p.conns {
@@ -79,9 +81,16 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		if p.closed {
+			// Accepted while Close ran: Close did not see it to close it.
+			p.mu.Unlock()
+			in.Close()
+			out.Close()
+			return
+		}
 		p.conns = append(p.conns, in, out)
-		p.mu.Unlock()
 		p.wg.Add(2)
+		p.mu.Unlock()
 		go p.pipe(out, in)
 		go p.pipe(in, out)
 	}
