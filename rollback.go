@@ -15,11 +15,15 @@ import (
 func (c *Cluster) checkChains(ctx context.Context) (map[string]ChainTip, error) {
 	tips := map[string]ChainTip{}
 	for _, ch := range c.cfg.Chains {
-		t, ok, err := c.chains.ReadTip(ctx, nil, ch.Name)
+		// The mark first, then the tip, then the rows: an AdvanceTip that
+		// commits between two reads raises all three together, so read in
+		// this order the tip is never below the mark and the rows never
+		// below the tip unless something took them back.
+		mark, marked, err := c.chains.HighWater(ctx, "chain/"+ch.Name)
 		if err != nil {
 			return nil, err
 		}
-		mark, marked, err := c.chains.HighWater(ctx, "chain/"+ch.Name)
+		t, ok, err := c.chains.ReadTip(ctx, nil, ch.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -141,6 +145,24 @@ func (c *Cluster) verifyIntegrity(ctx context.Context, token uint64) error {
 		case had && int64(now.Counter) == old.Counter && hex.EncodeToString(now.Hash) != old.Hash:
 			return fmt.Errorf("%w: chain %q's tip at counter %d has hash %s, but this node's witness file %s recorded %s…",
 				ErrRollbackDetected, ch.Name, now.Counter, shortHash(now.Hash), c.cfg.WitnessFile, prefix(old.Hash, 16))
+		case had && int64(now.Counter) > old.Counter:
+			// Higher is not enough: a database that lost the last commits
+			// (a restore, a failover to a standby behind the primary) and
+			// then went on writing reaches the same heights with other
+			// rows. The row this node saw at the tip must still be there.
+			rows, err := c.chains.ChainRows(ctx, ch, uint64(old.Counter))
+			if err != nil {
+				return err
+			}
+			if !rows.Found || hex.EncodeToString(rows.Hash) != old.Hash {
+				have := "no row"
+				if rows.Found {
+					have = "a row with hash " + shortHash(rows.Hash)
+				}
+				return fmt.Errorf("%w: chain %q's table %s has %s at counter %d, but this node's witness file %s recorded the tip there with hash %s…: the database lost commits this node saw (restored, or failed over to a standby that had not received them) and went on with another history",
+					ErrRollbackDetected, ch.Name, ch.Table, have, old.Counter, c.cfg.WitnessFile, prefix(old.Hash, 16))
+			}
+			w.Chains[ch.Name] = witnessTip{Counter: int64(now.Counter), Hash: hex.EncodeToString(now.Hash)}
 		case has:
 			w.Chains[ch.Name] = witnessTip{Counter: int64(now.Counter), Hash: hex.EncodeToString(now.Hash)}
 		}

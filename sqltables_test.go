@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"testing"
@@ -86,29 +87,39 @@ func hashOf(n int, salt string) []byte {
 // a fenced transaction that advances the chain's tip.
 func appendAudit(t *testing.T, tg testdb.Target, n *node, table string, from, to int) {
 	t.Helper()
-	ctx := context.Background()
+	appendAuditSalted(t, tg, n, table, from, to, "a")
+}
+
+// appendAuditSalted is appendAudit with rows whose hashes differ from
+// another salt's at the same counters: another history.
+func appendAuditSalted(t *testing.T, tg testdb.Target, n *node, table string, from, to int, salt string) {
+	t.Helper()
 	for i := from; i <= to; i++ {
-		tx, err := n.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := n.Fence(ctx, tx); err != nil {
-			tx.Rollback()
-			t.Fatalf("Fence: %v", err)
-		}
-		h := hashOf(i, "a")
-		if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+table+" (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), i, h, "event"); err != nil {
-			tx.Rollback()
-			t.Fatal(err)
-		}
-		if err := n.AdvanceTip(ctx, tx, "audit", uint64(i), h); err != nil {
-			tx.Rollback()
-			t.Fatalf("AdvanceTip(%d): %v", i, err)
-		}
-		if err := tx.Commit(); err != nil {
+		if err := auditRow(context.Background(), tg, n, table, i, salt); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// auditRow appends row i to the audit table through n in a fenced
+// transaction that advances the chain's tip.
+func auditRow(ctx context.Context, tg testdb.Target, n *node, table string, i int, salt string) error {
+	tx, err := n.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := n.Fence(ctx, tx); err != nil {
+		return fmt.Errorf("Fence: %w", err)
+	}
+	h := hashOf(i, salt)
+	if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+table+" (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), i, h, "event"); err != nil {
+		return err
+	}
+	if err := n.AdvanceTip(ctx, tx, "audit", uint64(i), h); err != nil {
+		return fmt.Errorf("AdvanceTip(%d): %w", i, err)
+	}
+	return tx.Commit()
 }
 
 // auditLeader creates the audit table and starts node "a" over it, which
