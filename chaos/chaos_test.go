@@ -118,3 +118,36 @@ func TestMutants(t *testing.T) {
 		}
 	}
 }
+
+// TestFailover runs the failover experiment: a PostgreSQL primary and an
+// asynchronous standby of the harness's own, the standby promoted after it
+// missed the last grants and commits. Every node whose witness file saw
+// more than the promoted database must refuse to lead there. It needs the
+// PostgreSQL server programs (and, as root, a postgres account to run
+// them); without them it skips, or fails under CLUSTER_TEST_REQUIRE_ALL.
+func TestFailover(t *testing.T) {
+	_, err := findPGBin("")
+	if err == nil {
+		_, err = serverUser()
+	}
+	if err != nil {
+		if os.Getenv("CLUSTER_TEST_REQUIRE_ALL") != "" {
+			t.Fatalf("%v, and CLUSTER_TEST_REQUIRE_ALL requires the failover experiment", err)
+		}
+		t.Skip(err)
+	}
+	e := &failoverExperiment{Seed: 1, Nodes: 3, Timings: testTimings, Pause: 20 * time.Millisecond, Handovers: 2,
+		Dir: t.TempDir(), Log: testLog{t}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := e.run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	reportFailover(&b, res)
+	t.Logf("%s", b.String())
+	for _, a := range res.Anomalies {
+		t.Errorf("%s: %s", a.Kind, a.Detail)
+	}
+}

@@ -31,7 +31,7 @@ const (
 	kInfo   = "info"   // the outcome is unknown (COMMIT failed or timed out)
 	kGrant  = "grant"  // a term was granted to this node within [From, To]
 	kBelief = "belief" // this node believed it led throughout [From, To]
-	kEvent  = "event"  // a transition the library reported
+	kEvent  = "event"  // a transition the library reported, or "new-failed" (Err has why)
 	kRefuse = "refuse" // Fence or AdvanceTip refused (detail in Err); also a kFail
 )
 

@@ -30,6 +30,12 @@ import (
 	"github.com/sqlfence/cluster"
 )
 
+// Experiments.
+const (
+	experimentFaults   = "faults"   // the nemesis, one run per dialect
+	experimentFailover = "failover" // a PostgreSQL standby promoted after losing the last commits
+)
+
 // Defaults of the servers when the test environment names none.
 const (
 	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -64,7 +70,15 @@ func harnessMain(args []string) int {
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
 	mdOut := fs.String("markdown", "", "also write the results as Markdown tables to this file (for RELIABILITY.md)")
 	verbose := fs.Bool("v", false, "print each fault as it is injected")
+	kind := fs.String("experiment", experimentFaults, "which experiment: faults (the nemesis, per dialect) or failover (PostgreSQL primary and standby, the standby promoted)")
+	pgBin := fs.String("pg-bin", "", "failover: directory of initdb, postgres, pg_ctl and pg_basebackup (default: the newest /usr/lib/postgresql/*/bin, or pg_config --bindir)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	switch *kind {
+	case experimentFaults, experimentFailover:
+	default:
+		fmt.Fprintf(os.Stderr, "chaos: unknown -experiment %q\n", *kind)
 		return 2
 	}
 	if *nodes < 3 || *nodes > 5 {
@@ -101,6 +115,13 @@ func harnessMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	if *kind == experimentFailover {
+		e := &failoverExperiment{Seed: *seed, Nodes: *nodes, Timings: tm, Pause: *pause, Handovers: 2, PGBin: *pgBin, Dir: filepath.Join(dir, "failover")}
+		if *verbose {
+			e.Log = os.Stdout
+		}
+		return failoverMain(ctx, e, dir, *out == "", *keep, *jsonOut)
+	}
 	var kinds []string
 	if *faults != "" {
 		kinds = strings.Split(*faults, ",")
@@ -155,6 +176,37 @@ func harnessMain(args []string) int {
 	}
 	fmt.Printf("%d ops, %d faults, %d anomalies\n", totalOps, totalFaults, totalAnomalies)
 	if totalAnomalies > 0 || failed {
+		return 1
+	}
+	return 0
+}
+
+// failoverMain runs the failover experiment and prints its results, with
+// the same last line as the other experiment. dir is removed at the end
+// when temp, unless something was found or keep.
+func failoverMain(ctx context.Context, e *failoverExperiment, dir string, temp, keep bool, jsonOut string) int {
+	fmt.Printf("== failover: seed %d, %d nodes and a new one, PostgreSQL primary and standby, LeaseTTL %v, heartbeat %v, FenceTimeout %v\n",
+		e.Seed, e.Nodes, e.Timings.TTL, e.Timings.Heartbeat, e.Timings.FenceTimeout)
+	res, err := e.run(ctx)
+	ops, faults, anomalies := 0, 0, 0
+	if err != nil {
+		fmt.Printf("failover: experiment failed: %v\n", err)
+	} else {
+		reportFailover(os.Stdout, res)
+		ops, faults, anomalies = res.Writes, len(res.FaultList), len(res.Anomalies)
+		if jsonOut != "" {
+			if b, err := json.MarshalIndent(res, "", "  "); err == nil {
+				os.WriteFile(jsonOut, b, 0o644)
+			}
+		}
+	}
+	if anomalies > 0 || err != nil || keep {
+		fmt.Printf("histories and logs: %s\n", dir)
+	} else if temp {
+		os.RemoveAll(dir)
+	}
+	fmt.Printf("%d ops, %d faults, %d anomalies\n", ops, faults, anomalies)
+	if anomalies > 0 || err != nil {
 		return 1
 	}
 	return 0

@@ -142,6 +142,11 @@ func nodeMain(raw string) int {
 			break
 		}
 		n.log.Warn("New failed; retrying", "err", err)
+		what := "new-failed"
+		if errors.Is(err, cluster.ErrRollbackDetected) {
+			what += " " + string(cluster.EventRollbackDetected)
+		}
+		n.h.add(record{T: n.clk.now(), Kind: kEvent, What: what, Err: err.Error()})
 		select {
 		case <-ctx.Done():
 			return 0
