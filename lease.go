@@ -36,17 +36,14 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 		case <-timer.C:
 		case <-c.wake:
 			// Another node released the lease. A leader has nothing to do;
-			// a follower makes one attempt now, after a jitter of up to 2ms
-			// so the followers do not all hit the row at once.
+			// a follower makes one attempt now. The row grants it to one of
+			// the followers that try; the others are told who holds it and
+			// until when, and sleep until then: one statement each per
+			// release, however many hear it.
 			if c.term.Load() != nil || c.retiring.Load() != nil {
 				continue
 			}
 			timer.Stop() // since Go 1.23 no stale tick can follow; Reset below rearms it
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wakeJitter()):
-			}
 		}
 		// The membership refresh comes before the lease statement, so the
 		// time right after a renew is quiet (on SQLite, a process stopped

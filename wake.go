@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -133,6 +132,3 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 	}
 	c.hearing.Store(false)
 }
-
-// wakeJitter spreads the attempts of the followers woken by one release.
-func wakeJitter() time.Duration { return time.Duration(rand.Int64N(int64(2 * time.Millisecond))) }

@@ -62,8 +62,14 @@ RETURNING l.expires_at;
 -- args: name, holder, instance, token. A release that ends a term tells
 -- the listening followers at once (NOTIFY on channel {{prefix}}lease, the
 -- lease name as payload; delivered when the statement commits).
+-- It commits without waiting for its WAL to reach the disk
+-- (synchronous_commit off for this transaction only), which takes a
+-- flush off every handoff: a release lost in a server crash leaves the
+-- lease held until it expires, as if it had never been asked for, and the
+-- next grant's flush, later in the WAL, makes the release durable first.
 WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+           set_config('synchronous_commit', 'off', true) AS async
 ), released AS (
     UPDATE {{prefix}}lease AS l
     SET renewed_at = c.now_ms, expires_at = c.now_ms
@@ -75,9 +81,11 @@ WITH clock AS (
 SELECT pg_notify('{{prefix}}lease', name) FROM released;
 
 -- name: release_instance
--- args: name, holder, instance. Releases whatever term the instance holds.
+-- args: name, holder, instance. Releases whatever term the instance holds,
+-- committing as release does.
 WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+           set_config('synchronous_commit', 'off', true) AS async
 ), released AS (
     UPDATE {{prefix}}lease AS l
     SET renewed_at = c.now_ms, expires_at = c.now_ms
