@@ -40,3 +40,39 @@ func TestInProcessWakeUp(t *testing.T) {
 		t.Logf("b led %v after a resigned (its next poll was up to 2s away)", took.Round(time.Millisecond))
 	})
 }
+
+// A PostgreSQL release commits with synchronous_commit off for its own
+// transaction only: the connection it ran on goes back to the pool with
+// the server's setting, so the application's commits on it stay durable.
+func TestReleaseLeavesSynchronousCommitAlone(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	db := tg.Open(t)
+	db.SetMaxOpenConns(1) // the release and the check below share the connection
+	var before string
+	if err := db.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	a := startOn(t, tg, db, "a")
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := p.Leader(ctx, "leader"); err != nil || l != nil {
+		t.Fatalf("after Shutdown the lease is held by %+v (%v); want it released", l, err)
+	}
+	var after string
+	if err := db.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatalf("synchronous_commit on the release's connection is %q after the release, %q before", after, before)
+	}
+}
