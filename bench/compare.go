@@ -26,6 +26,8 @@ type compareRun struct {
 	mode      releaseMode
 	pgSuffix  string
 	pgConfig  func(*cluster.Config) error
+	pgHandoff string
+	procs     bool // this package's members run as processes of their own
 	verbose   bool
 	out       string
 	rng       *rand.Rand
@@ -52,6 +54,7 @@ func compare(ctx context.Context, args []string) error {
 	my := fs.String("mysql", cmp.Or(os.Getenv("CLUSTER_TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test"), "MySQL/MariaDB DSN")
 	out := fs.String("out", "results", "directory of the JSON results (merged by system)")
 	seed := fs.Uint64("seed", 0, "seed of the random release phases (0: from the clock)")
+	procs := fs.Bool("procs", false, "run each member of this package in an OS process of its own (see procs.go); the systems are then named <system>/procs")
 	verbose := fs.Bool("v", false, "log each trial and the members' warnings")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -76,20 +79,22 @@ func compare(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(dir)
 	r := &compareRun{
-		dsns:     dsns{postgres: *pg, mysql: *my, sqliteDir: dir},
-		prefix:   newPrefix(),
-		tm:       timings{ttl: *ttl, heartbeat: *heartbeat},
-		mode:     mode,
-		pgSuffix: suffix,
-		pgConfig: pgConfig,
-		verbose:  *verbose,
-		out:      *out,
-		rng:      rand.New(rand.NewPCG(*seed, 0x5eed)),
-		targets:  map[string]target{},
+		dsns:      dsns{postgres: *pg, mysql: *my, sqliteDir: dir},
+		prefix:    newPrefix(),
+		tm:        timings{ttl: *ttl, heartbeat: *heartbeat},
+		mode:      mode,
+		pgSuffix:  suffix,
+		pgConfig:  pgConfig,
+		pgHandoff: *pgHandoff,
+		procs:     *procs,
+		verbose:   *verbose,
+		out:       *out,
+		rng:       rand.New(rand.NewPCG(*seed, 0x5eed)),
+		targets:   map[string]target{},
 	}
 	defer r.cleanUp()
-	fmt.Printf("compare: LeaseTTL %v, heartbeat %v, %d trials, release %s, pg-handoff %s, seed %d, table prefix %s\n",
-		r.tm.ttl, r.tm.heartbeat, *trials, mode, *pgHandoff, *seed, r.prefix)
+	fmt.Printf("compare: LeaseTTL %v, heartbeat %v, %d trials, release %s, pg-handoff %s, procs %v, seed %d, table prefix %s\n",
+		r.tm.ttl, r.tm.heartbeat, *trials, mode, *pgHandoff, *procs, *seed, r.prefix)
 
 	parts := strings.Split(*only, ",")
 	needEtcd := slices.Contains(parts, "isleader") ||
@@ -173,6 +178,9 @@ func (r *compareRun) newSystem(name string, kind trialKind) (system, error) {
 	o := sqlfenceOptions{lease: string(kind), members: slots, conns: 2, tm: r.tm, mode: r.mode, log: quietLogger(r.verbose)}
 	if tg.dialect == cluster.Postgres {
 		o.label, o.configure = tg.name+r.pgSuffix, r.pgConfig
+	}
+	if r.procs {
+		return newProcSystem(tg, o, r.pgHandoff, r.verbose)
 	}
 	return newSQLFence(tg, o)
 }

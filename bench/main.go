@@ -37,6 +37,17 @@ Run "go run . <command> -h" for a command's flags.
 `
 
 func main() {
+	if spec := os.Getenv(memberEnv); spec != "" {
+		// A member process of compare -procs.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := runMember(ctx, spec)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench member:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

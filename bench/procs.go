@@ -1,0 +1,375 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqlfence/cluster"
+)
+
+// With -procs, each member of this package runs in an OS process of its
+// own: the bench re-executes itself with the member's configuration in
+// $BENCH_MEMBER. Members then share no memory, so a release reaches the
+// others only through the database (NOTIFY on PostgreSQL, or their next
+// poll), as it does between the machines of a real deployment; a crash is
+// a SIGKILL.
+//
+// The child prints one line per fact on its standard output, each with its
+// wall-clock time in nanoseconds (the parent and the children read the same
+// host clock):
+//
+//	ready                  the member started (cluster.New returned)
+//	acquired <unixnano>    it began a term (the lease-acquired event's time)
+//	leads <0|1>            its IsLeader changed
+//	released <error or ->  the release asked for on standard input returned
+//
+// and reads commands on its standard input: "release" (Shutdown or
+// Resign, as -release says; after Shutdown the child exits). With
+// $BENCH_TRACE set, a child also writes every provider call, as
+// Config.Observer reports it, to its standard error ("trace <start or end
+// unixnano> <member> <kind> <outcome> start|end"), to see where a
+// handoff's milliseconds go.
+const memberEnv = "BENCH_MEMBER"
+
+// memberSpec is a child's configuration.
+type memberSpec struct {
+	Name      string        `json:"name"` // the target: sqlite, postgres, pgx, mariadb
+	DSN       string        `json:"dsn"`
+	Pgx       bool          `json:"pgx"`
+	Dialect   string        `json:"dialect"`
+	Driver    string        `json:"driver"`
+	Prefix    string        `json:"prefix"`
+	Lease     string        `json:"lease"`
+	ID        string        `json:"id"`
+	Conns     int           `json:"conns"`
+	TTL       time.Duration `json:"ttl"`
+	Heartbeat time.Duration `json:"heartbeat"`
+	Mode      releaseMode   `json:"mode"`
+	PgHandoff string        `json:"pgHandoff"` // applied to PostgreSQL members
+	Verbose   bool          `json:"verbose"`
+}
+
+// runMember is the child's main.
+func runMember(ctx context.Context, spec string) error {
+	var m memberSpec
+	if err := json.Unmarshal([]byte(spec), &m); err != nil {
+		return fmt.Errorf("$%s: %w", memberEnv, err)
+	}
+	tg := target{name: m.Name, dialect: cluster.Dialect(m.Dialect), driver: m.Driver, dsn: m.DSN, pgx: m.Pgx, prefix: m.Prefix}
+	db, err := tg.openMember(ctx, m.Conns)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	cfg, err := tg.config(db, m.ID)
+	if err != nil {
+		return err
+	}
+	if tg.dialect == cluster.Postgres {
+		_, configure, err := pgHandoffMode(m.PgHandoff)
+		if err != nil {
+			return err
+		}
+		if err := configure(&cfg); err != nil {
+			return err
+		}
+	}
+	var out sync.Mutex
+	say := func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+	cfg.LeaseName = m.Lease
+	cfg.LeaseTTL, cfg.HeartbeatInterval = m.TTL, m.Heartbeat
+	cfg.Logger = quietLogger(m.Verbose)
+	cfg.OnTransition = func(e cluster.Event) {
+		if e.Kind == cluster.EventLeaseAcquired {
+			say("acquired %d", e.At.UnixNano())
+		}
+	}
+	if os.Getenv("BENCH_TRACE") != "" {
+		cfg.Observer = func(o cluster.Operation) {
+			now := time.Now()
+			fmt.Fprintf(os.Stderr, "trace %d %s %s %s start\ntrace %d %s %s %s end\n",
+				now.Add(-o.Duration).UnixNano(), m.ID, o.Kind, o.Outcome, now.UnixNano(), m.ID, o.Kind, o.Outcome)
+		}
+	}
+	c, err := cluster.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	say("ready")
+
+	// IsLeader also turns false by itself when a trust window ends, with
+	// no event: sample it.
+	done := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		was := false
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if now := c.IsLeader(); now != was {
+				was = now
+				say("leads %d", map[bool]int{false: 0, true: 1}[now])
+			}
+		}
+	})
+	stopWatch := func() { close(done); watch.Wait() }
+
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() != "release" {
+			continue
+		}
+		if m.Mode == releaseResign {
+			err := c.Resign(ctx)
+			say("released %s", errText(err))
+			continue
+		}
+		err := c.Shutdown(ctx)
+		stopWatch()
+		say("leads 0")
+		say("released %s", errText(err))
+		return nil
+	}
+	// Standard input closed: the parent is done with us.
+	stopWatch()
+	return c.Shutdown(ctx)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "-"
+	}
+	return strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// procSystem runs members of this package as child processes. The lease
+// row and the tables are read and dropped through base's handle.
+type procSystem struct {
+	base    *sqlfenceSystem // its members stay empty
+	spec    memberSpec
+	acq     chan acquisition
+	mu      sync.Mutex
+	members []*procMember
+	gen     int
+}
+
+type procMember struct {
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	leads    atomic.Bool
+	released chan string   // each "released" line
+	exited   chan struct{} // closed once the process is waited for
+}
+
+func newProcSystem(tg target, o sqlfenceOptions, pgHandoff string, verbose bool) (*procSystem, error) {
+	base, err := newSQLFence(tg, o)
+	if err != nil {
+		return nil, err
+	}
+	base.label += "/procs"
+	return &procSystem{
+		base: base,
+		spec: memberSpec{
+			Name: tg.name, DSN: tg.dsn, Pgx: tg.pgx, Dialect: string(tg.dialect), Driver: tg.driver, Prefix: tg.prefix,
+			Lease: o.lease, Conns: o.conns, TTL: o.tm.ttl, Heartbeat: o.tm.heartbeat, Mode: o.mode,
+			PgHandoff: pgHandoff, Verbose: verbose,
+		},
+		acq:     make(chan acquisition, 4096),
+		members: make([]*procMember, o.members),
+	}, nil
+}
+
+func (s *procSystem) name() string                     { return s.base.name() }
+func (s *procSystem) size() int                        { return len(s.members) }
+func (s *procSystem) acquisitions() <-chan acquisition { return s.acq }
+
+func (s *procSystem) leaseRow(ctx context.Context) (leaseRow, error) { return s.base.leaseRow(ctx) }
+
+func (s *procSystem) start(ctx context.Context, slot int) error {
+	s.mu.Lock()
+	s.gen++
+	spec := s.spec
+	spec.ID = fmt.Sprintf("%s-%d-g%d", spec.Name, slot, s.gen)
+	s.mu.Unlock()
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), memberEnv+"="+string(js))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	m := &procMember{cmd: cmd, stdin: stdin, released: make(chan string, 4), exited: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		defer close(m.exited)
+		defer m.leads.Store(false)
+		sc := bufio.NewScanner(stdout)
+		readySent := false
+		for sc.Scan() {
+			word, arg, _ := strings.Cut(sc.Text(), " ")
+			switch word {
+			case "ready":
+				if !readySent {
+					readySent = true
+					close(ready)
+				}
+			case "acquired":
+				if ns, err := strconv.ParseInt(arg, 10, 64); err == nil {
+					report(s.acq, slot, time.Unix(0, ns))
+				}
+			case "leads":
+				m.leads.Store(arg == "1")
+			case "released":
+				m.released <- arg
+			}
+		}
+		cmd.Wait()
+		if !readySent {
+			close(ready)
+		}
+	}()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		<-m.exited
+		return ctx.Err()
+	}
+	select {
+	case <-m.exited:
+		return fmt.Errorf("%s member %d exited before it was ready", s.name(), slot)
+	default:
+	}
+	s.mu.Lock()
+	s.members[slot] = m
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *procSystem) member(slot int) *procMember {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.members[slot]
+}
+
+func (s *procSystem) take(slot int) *procMember {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.members[slot]
+	s.members[slot] = nil
+	return m
+}
+
+func (s *procSystem) leads(slot int) bool {
+	m := s.member(slot)
+	return m != nil && m.leads.Load()
+}
+
+func (s *procSystem) release(ctx context.Context, slot int) (bool, error) {
+	m := s.member(slot)
+	if m == nil {
+		return true, errEmptySlot
+	}
+	if _, err := io.WriteString(m.stdin, "release\n"); err != nil {
+		return false, err
+	}
+	var answer string
+	select {
+	case answer = <-m.released:
+	case <-m.exited:
+		return false, fmt.Errorf("%s member %d exited during its release", s.name(), slot)
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	var err error
+	if answer != "-" {
+		err = errors.New(answer)
+	}
+	if s.spec.Mode == releaseResign {
+		return false, err
+	}
+	s.take(slot)
+	m.stdin.Close()
+	<-m.exited
+	return true, err
+}
+
+// crash is a SIGKILL: the member never releases, and its connections
+// close with the process.
+func (s *procSystem) crash(ctx context.Context, slot int) error {
+	m := s.take(slot)
+	if m == nil {
+		return errEmptySlot
+	}
+	m.leads.Store(false)
+	if err := m.cmd.Process.Kill(); err != nil {
+		return err
+	}
+	<-m.exited
+	return nil
+}
+
+// stop ends the member with a clean Shutdown (standard input closed), or
+// kills it if that takes too long.
+func (s *procSystem) stop(ctx context.Context, slot int) {
+	m := s.take(slot)
+	if m == nil {
+		return
+	}
+	m.stdin.Close()
+	select {
+	case <-m.exited:
+	case <-time.After(10 * time.Second):
+		m.cmd.Process.Kill()
+		<-m.exited
+	case <-ctx.Done():
+		m.cmd.Process.Kill()
+		<-m.exited
+	}
+}
+
+func (s *procSystem) close(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for slot := range s.members {
+		wg.Go(func() { s.stop(ctx, slot) })
+	}
+	wg.Wait()
+	return s.base.close(ctx)
+}
+
+var _ leaseRows = (*procSystem)(nil)
