@@ -2,9 +2,11 @@ package clusterpgx_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
@@ -109,4 +111,67 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(2 * time.Millisecond)
 	}
 	return time.Since(start)
+}
+
+// countingTracer counts the statements a pool sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// countingPool is newPool with every statement counted by n.
+func countingPool(t *testing.T, tg testdb.Target, n *countingTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = n
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// The steady-state load with NOTIFY: the leader renews once per
+// heartbeat, and a follower that hears releases makes about one statement
+// per LeaseTTL (when the lease is due to expire), where one that polls
+// makes one per heartbeat. BENCHMARKS.md quotes the figures this logs:
+//
+//	go test -run TestListeningFollowersStatements -v ./clusterpgx
+func TestListeningFollowersStatements(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	var leaderN, hearingN, pollingN countingTracer
+	a := node(t, tg, countingPool(t, tg, &leaderN), "a", nil)
+	b := node(t, tg, countingPool(t, tg, &hearingN), "b", nil)
+	c := node(t, tg, countingPool(t, tg, &pollingN), "c", func(c *cluster.Config) { c.PollOnly = true })
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
+	if c.Stats().HearingReleases {
+		t.Fatal("c hears releases with PollOnly set")
+	}
+	time.Sleep(1100 * time.Millisecond) // past one TTL, so b's sleep until the expiry has begun
+	l0, h0, p0 := leaderN.n.Load(), hearingN.n.Load(), pollingN.n.Load()
+	const ttls = 4 // LeaseTTL 1s, heartbeat 100ms: 40 heartbeats
+	time.Sleep(ttls * time.Second)
+	leader, hearing, polling := leaderN.n.Load()-l0, hearingN.n.Load()-h0, pollingN.n.Load()-p0
+	t.Logf("over %d TTLs (%d heartbeats): leader %d statements, listening follower %d, polling follower %d", ttls, ttls*10, leader, hearing, polling)
+	if !a.IsLeader() {
+		t.Skip("a lost the lease during the count (a stalled machine): the counts mean nothing")
+	}
+	// Generous bounds for a loaded machine: one per TTL, plus one.
+	if hearing > ttls+2 {
+		t.Errorf("the listening follower made %d statements in %d TTLs; want about one per TTL", hearing, ttls)
+	}
+	if polling < 3*ttls {
+		t.Errorf("the polling follower made only %d statements in %d heartbeats: is the count working?", polling, ttls*10)
+	}
 }
