@@ -136,6 +136,36 @@ func (c *Cluster) Lanes() []string {
 	return out
 }
 
+// LaneOwner reads who holds lane key now, by the database clock: the
+// lane's row, with its holder's NodeID and process instance, its fencing
+// token and its expiry (Remaining is what was left of the claim when it
+// was read). It returns nil and no error when no node holds the lane:
+// never claimed, released, or expired. It reads on a connection of its
+// own and locks nothing, so the answer may be stale by the time it
+// returns; it is for reporting and routing (send a key's work to the node
+// that holds it), not for fencing, which is [Cluster.ClaimLane]'s.
+// Unlike [Cluster.OwnsLane] it does I/O, and it answers for any node.
+func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
+	store, ok := c.provider.(LaneStore)
+	if !ok {
+		return nil, c.errNoCapability("LaneOwner", "LaneStore")
+	}
+	if err := checkLaneKey(key); err != nil {
+		return nil, err
+	}
+	if c.down.Load() {
+		return nil, c.errDown
+	}
+	l, err := store.ReadLane(ctx, c.cfg.LeaseName, key)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read the owner of lane %q: %w", key, err)
+	}
+	if l == nil || l.Remaining <= 0 || l.FencingToken == 0 {
+		return nil, nil
+	}
+	return l, nil
+}
+
 // ClaimLane claims lane key for this node inside the caller's transaction
 // tx, which is the authority, and returns the lane's fencing token: it
 // leases the lane to this node if it is free or expired (a new claim: the
