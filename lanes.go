@@ -233,8 +233,10 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // Cost: one statement in tx to renew a lane this node holds (two on
 // MySQL, which reads the row back; MariaDB also sets the session's idle
 // timeout, as Fence does); a new claim first reads the lane and the census
-// (one statement more), and a lane never claimed before gets its row (one
-// more). Like Fence, it bounds on the server the wait for the lane row and
+// (one statement more), and the first claim of a lane by this process
+// first creates its row if it is absent (one more: on MySQL, two nodes
+// that both inserted a missing row after looking for it would deadlock).
+// Like Fence, it bounds on the server the wait for the lane row and
 // how long tx may then sit idle by LeaseTTL, so keep lane transactions
 // short. On SQLite, open the database with _txlock=immediate.
 func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {

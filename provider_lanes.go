@@ -64,6 +64,9 @@ var (
 	_ ConfigStore = (*DBProvider)(nil)
 )
 
+// laneID names a lane: its scope and key.
+type laneID struct{ scope, key string }
+
 // A LaneRequest asks a [LaneStore] to claim a lane.
 type LaneRequest struct {
 	Scope    string        // the lease name, see [Config.LeaseName]
@@ -137,12 +140,23 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 // until tx ends; a lane never claimed first gets a free row, token 0.
 // Like [DBProvider.Fence], it bounds on the server the wait for the lane
 // row and how long tx may then idle, by the TTL.
+//
+// The first claim of a lane by this provider creates its row (if absent)
+// before the UPDATE: on MySQL an UPDATE that finds no row locks the gap
+// where it would be, and two transactions that then both insert it
+// deadlock. Rows are never deleted, so a lane seen once needs no more.
 func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
 	limit := req.TTL
 	if dl, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(dl)*9/10)
 	}
 	op := "claim lane " + quote(req.Key)
+	id := laneID{req.Scope, req.Key}
+	if _, seen := p.laneRows.Load(id); !seen {
+		if _, err := tx.Exec(ctx, p.d.bound(p.q.LaneCreate, limit), req.Scope, req.Key); err != nil {
+			return Lane{}, p.wrap(op, err)
+		}
+	}
 	var r laneRow
 	for attempt := 0; attempt < 3; attempt++ {
 		granted, got, err := p.lanes().claimLane(ctx, tx, req, limit)
@@ -150,6 +164,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 			return Lane{}, p.wrap(op, err)
 		}
 		if granted {
+			p.laneRows.Store(id, struct{}{})
 			return got.lane(req.Key), nil
 		}
 		err = r.scan(tx.QueryRow(ctx, p.q.LaneRead, req.Scope, req.Key))
@@ -162,6 +177,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 		if err != nil {
 			return Lane{}, p.wrap(op, err)
 		}
+		p.laneRows.Store(id, struct{}{})
 		if r.expires > r.now {
 			return Lane{}, r.held(req.Key)
 		}
