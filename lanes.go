@@ -221,6 +221,10 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // on to another key, and roll tx back. After Shutdown it returns an error
 // matching [ErrShutdown] and [ErrStaleFencingToken].
 //
+// A claim that begins a new claim (not a renewal) emits lane-acquired; a
+// refusal of a lane this node believed it owned emits lane-lost (see
+// [EventLaneAcquired]).
+//
 // Share: a node may hold at most ⌈lanes / members⌉ lanes, where lanes
 // counts the lanes of this cluster (this LeaseName) held by any node
 // within the last LeaseTTL plus a heartbeat (claimed, renewed or released
@@ -397,7 +401,9 @@ func (c *Cluster) reserveLane(key string, census LaneCensus, counted bool) error
 // outside the lane's transactions (on PostgreSQL and MySQL it waits for
 // an open one to end; on SQLite a transaction of this goroutine would
 // block it). ClaimLane may take the lane again: stop claiming it first.
-// Releasing a lane this node does not hold is not an error.
+// Releasing a lane this node does not hold is not an error. Releasing one
+// it holds emits lane-released (ReasonReleased, or ReasonReleaseFailed
+// when the statement failed and the lane expires after LeaseTTL).
 func (c *Cluster) ReleaseLane(ctx context.Context, key string) error {
 	store, ok := c.provider.(LaneStore)
 	if !ok {
