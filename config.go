@@ -206,10 +206,12 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Observer, when set, is called after every provider call this node
-	// makes (acquire, renew, release, fence) with its kind, outcome and
-	// latency, to feed metrics or traces without wrapping the provider.
-	// It runs on the goroutine that made the call, the heartbeat's among
-	// them: it must return quickly and must not block.
+	// makes (acquire, renew, release, fence, and for lanes claim-lane,
+	// renew-lanes, release-lane) with its kind, outcome and latency, to
+	// feed metrics or traces without wrapping the provider. It runs on the
+	// goroutine that made the call, the heartbeat's, the lane keeper's and
+	// the caller's of Fence and ClaimLane among them: it must return
+	// quickly and must not block.
 	Observer func(Operation)
 
 	// Chains lists the hash-chained tables whose tips [New], and every

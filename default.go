@@ -247,6 +247,18 @@ func RequireLeader() error {
 	return s.errNotLeader
 }
 
+// Clustered reports whether this process was made a member of a cluster:
+// false until [Init] is called (single-node mode, where it is the only
+// worker: the leader, the owner of every lane, with a config version that
+// never changes), and true from the moment Init is called, whether it
+// succeeded, is still running, failed, or the member has shut down. It
+// says which mode the process is in, not whether it leads or is healthy:
+// use it to choose, once, between single-node and clustered behaviour
+// (for example whether a reload bumps the config version, or whether
+// recovery may assume no other node is working). It does no I/O. A
+// [*Cluster] made by [New] is always a member of a cluster.
+func Clustered() bool { return std.state.Load() != nil }
+
 // CurrentNodeID returns this process's node ID, or "single-node-local"
 // when [Init] was never called. After a failed Init it returns the NodeID
 // Init was given, unless that NodeID was itself invalid.

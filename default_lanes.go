@@ -75,6 +75,26 @@ func ReleaseLane(ctx context.Context, key string) error {
 	return nil
 }
 
+// LaneOwner reads who holds lane key now; see [Cluster.LaneOwner]. When
+// [Init] was never called this process holds every lane for good: it
+// returns, without I/O, a Lane naming key and [SingleNodeID] as its
+// Holder, with token 0 and a zero ExpiresAt (it never expires). While
+// Init runs, after it failed and after [Shutdown] it returns the error
+// [CurrentLeader] would.
+func LaneOwner(ctx context.Context, key string) (*Lane, error) {
+	s := std.state.Load()
+	if s == nil {
+		if err := checkLaneKey(key); err != nil {
+			return nil, err
+		}
+		return &Lane{Key: key, Holder: SingleNodeID}, nil
+	}
+	if c := s.member(); c != nil {
+		return c.LaneOwner(ctx, key)
+	}
+	return nil, s.errLeader
+}
+
 // ConfigVersion reads the cluster's config version; see
 // [Cluster.ConfigVersion]. When [Init] was never called it is 0; while
 // Init runs, after it failed and after [Shutdown] it returns the error

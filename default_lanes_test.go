@@ -22,6 +22,16 @@ func TestDefaultLanes(t *testing.T) {
 	goroutines := runtime.NumGoroutine()
 
 	// Single-node mode: no database, no goroutine.
+	if cluster.Clustered() {
+		t.Fatal("Clustered before Init")
+	}
+	if l, err := cluster.LaneOwner(ctx, "orders-1"); err != nil || l == nil || l.Key != "orders-1" || l.Holder != cluster.SingleNodeID ||
+		l.FencingToken != 0 || !l.ExpiresAt.IsZero() {
+		t.Fatalf("LaneOwner in single-node mode = %+v, %v; want this node, token 0, no expiry", l, err)
+	}
+	if _, err := cluster.LaneOwner(ctx, ""); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("LaneOwner of an empty key = %v", err)
+	}
 	if !cluster.OwnsLane("orders-1") || cluster.Lanes() != nil {
 		t.Fatalf("single node: OwnsLane %v, Lanes %v", cluster.OwnsLane("orders-1"), cluster.Lanes())
 	}
@@ -50,6 +60,12 @@ func TestDefaultLanes(t *testing.T) {
 	}
 	if cluster.OwnsLane("orders-1") {
 		t.Fatal("OwnsLane after a failed Init")
+	}
+	if !cluster.Clustered() {
+		t.Fatal("not Clustered after a failed Init: the process left single-node mode when Init was called")
+	}
+	if l, err := cluster.LaneOwner(ctx, "orders-1"); l != nil || err == nil || !strings.Contains(err.Error(), "database unreachable") {
+		t.Fatalf("LaneOwner after a failed Init = %+v, %v", l, err)
 	}
 	if _, err := cluster.ClaimLane(ctx, nil, "orders-1"); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "database unreachable") {
 		t.Fatalf("ClaimLane after a failed Init = %v, want ErrStaleFencingToken with Init's error", err)
@@ -81,6 +97,15 @@ func TestDefaultLanes(t *testing.T) {
 	if !cluster.OwnsLane("orders-1") || cluster.OwnsLane("orders-2") || !slices.Equal(cluster.Lanes(), []string{"orders-1"}) {
 		t.Fatalf("OwnsLane %v/%v, Lanes %v", cluster.OwnsLane("orders-1"), cluster.OwnsLane("orders-2"), cluster.Lanes())
 	}
+	if l, err := cluster.LaneOwner(ctx, "orders-1"); err != nil || l == nil || l.Holder != "n" || l.FencingToken != token || l.Remaining <= 0 {
+		t.Fatalf("LaneOwner = %+v, %v; want n with token %d", l, err, token)
+	}
+	if l, err := cluster.LaneOwner(ctx, "orders-2"); l != nil || err != nil {
+		t.Fatalf("LaneOwner of a lane never claimed = %+v, %v; want nil, nil", l, err)
+	}
+	if !cluster.Clustered() {
+		t.Fatal("not Clustered while running")
+	}
 	if v, err := cluster.BumpConfigVersion(ctx); v != 1 || err != nil || cluster.ConfigVersionCached() != 1 {
 		t.Fatalf("BumpConfigVersion = %d, %v; cached %d", v, err, cluster.ConfigVersionCached())
 	}
@@ -97,6 +122,12 @@ func TestDefaultLanes(t *testing.T) {
 	}
 	if cluster.OwnsLane("orders-1") || cluster.Lanes() != nil {
 		t.Fatal("lanes owned after Shutdown")
+	}
+	if _, err := cluster.LaneOwner(ctx, "orders-1"); !errors.Is(err, cluster.ErrShutdown) {
+		t.Fatalf("LaneOwner after Shutdown = %v", err)
+	}
+	if !cluster.Clustered() {
+		t.Fatal("not Clustered after Shutdown")
 	}
 	if err := cluster.ReleaseLane(ctx, "orders-1"); !errors.Is(err, cluster.ErrShutdown) {
 		t.Fatalf("ReleaseLane after Shutdown = %v", err)

@@ -86,6 +86,8 @@ type queries struct {
 	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
 	LaneRead       string `sql:"lane_read"`        // scope, lane
 	LaneCreate     string `sql:"lane_create"`      // scope, lane
+	LaneList       string `sql:"lane_list"`        // scope
+	LaneExpire     string `sql:"lane_expire"`      // scope, lane
 	LaneRelease    string `sql:"lane_release"`     // scope, lane, holder, instance
 	LaneReleaseAll string `sql:"lane_release_all"` // scope, holder, instance
 	LaneJoin       string `sql:"lane_join"`        // scope, instance

@@ -71,7 +71,10 @@
 // [Config.MaxLanes]; the keeper hands over the lanes above it
 // ([ErrLaneLimit] refuses a claim above it). [Cluster.Shutdown] releases
 // the node's lanes at once; the lanes of a node that died expire after
-// [Config.LeaseTTL] by the database clock.
+// [Config.LeaseTTL] by the database clock. [Cluster.LaneOwner] reads who
+// holds any lane now, by the database clock, for reporting and routing;
+// the events lane-acquired, lane-lost and lane-released follow this
+// node's own lanes.
 //
 // [Cluster.BumpConfigVersion] increments a number per cluster that only
 // grows; every other node that watches it ([Cluster.ConfigVersion],
@@ -83,7 +86,7 @@
 // Handlers registered with [Cluster.OnTransition] or [Config.OnTransition]
 // receive this node's transitions (lease-acquired, lease-lost,
 // lease-released, rollback-detected, vault-key-rotated,
-// config-version-changed) and
+// config-version-changed, lane-acquired, lane-lost, lane-released) and
 // leader-changed, which every node emits, followers included, when it
 // learns of a new term or of the lease becoming free. Candidates learn it
 // from the attempts they make anyway; nodes with [RoleFollower] read the
@@ -172,7 +175,10 @@
 // [AdvanceTip] answers as Fence, except that before Init it returns an
 // error wrapping [ErrInvalidConfig]. [ClaimLane] answers as Fence, and
 // [OwnsLane] as IsLeader: in single-node mode this process owns every lane
-// and claims with token 0. [ConfigVersion] and [BumpConfigVersion] answer
+// and claims with token 0. [LaneOwner] answers as CurrentLeader: in
+// single-node mode it names this process, with no expiry. [Clustered] is
+// false until Init is called and true from then on, whatever the state.
+// [ConfigVersion] and [BumpConfigVersion] answer
 // as CurrentLeader, except that in single-node mode the version is 0 and a
 // bump changes nothing. [CurrentNodeID] is [SingleNodeID]
 // until Init is called, and from then on the NodeID given to the last Init

@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// EventKind names a transition of this node's leadership, or a change of
-// leader it observed.
+// EventKind names a transition of this node's leadership or of its lanes,
+// or a change it observed.
 type EventKind string
 
 // The transitions a node reports.
@@ -49,6 +49,28 @@ const (
 	// through another node's [Cluster.BumpConfigVersion]. A node's own bump
 	// emits nothing on that node.
 	EventConfigVersionChanged EventKind = "config-version-changed"
+	// EventLaneAcquired: this node began a claim on the event's Lane, with
+	// the lane's FencingToken: [Cluster.ClaimLane] granted it a lane that
+	// was free or expired, or the keeper found it holds one it did not
+	// know of. It is emitted when the claim returns, before the caller's
+	// transaction commits: if that rolls back, lane-lost follows within
+	// about a heartbeat. Renewals emit nothing.
+	EventLaneAcquired EventKind = "lane-acquired"
+	// EventLaneLost: this node stopped owning the event's Lane without
+	// releasing it. Reason says why: ReasonLaneTaken (a claim or the
+	// keeper found the lane is no longer this node's: it expired, was
+	// released by an operator, or another node claimed it) or
+	// ReasonSelfFenced (the keeper could not renew it in time, so OwnsLane
+	// turned false before the lane could expire; if the lane turns out to
+	// be still this node's when the database answers again, lane-acquired
+	// follows, with the same token). Work on the lane must stop.
+	EventLaneLost EventKind = "lane-lost"
+	// EventLaneReleased: this node released the event's Lane: in
+	// [Cluster.ReleaseLane] (ReasonReleased), above its share of the lanes
+	// (ReasonHandedOver) or in [Cluster.Shutdown] (ReasonShutdown); with
+	// ReasonReleaseFailed when the release failed and the lane expires
+	// after LeaseTTL.
+	EventLaneReleased EventKind = "lane-released"
 )
 
 // A Reason says why a term ended.
@@ -70,6 +92,14 @@ const (
 	ReasonReleaseFailed Reason = "release-failed"
 	// ReasonResigned: the node released the lease in Resign.
 	ReasonResigned Reason = "resigned"
+	// ReasonLaneTaken: the lane is no longer this node's claim: it
+	// expired, an operator released it, or another node claimed it.
+	ReasonLaneTaken Reason = "lane-taken"
+	// ReasonReleased: the node released the lane in ReleaseLane.
+	ReasonReleased Reason = "released"
+	// ReasonHandedOver: the node held more lanes than its share and
+	// released this one for another node to claim.
+	ReasonHandedOver Reason = "handed-over"
 )
 
 // An Event reports a leadership transition of this node, or a change of
@@ -78,8 +108,8 @@ type Event struct {
 	Kind         EventKind
 	NodeID       string    // this node
 	At           time.Time // local wall-clock time of the transition
-	FencingToken uint64    // token of the term acquired, lost, released or observed
-	Reason       Reason    // why a term ended: lease-lost and lease-released
+	FencingToken uint64    // token of the term acquired, lost, released or observed; a lane event's lane token
+	Reason       Reason    // why a term or a claim ended: lease-lost, lease-released, lane-lost, lane-released
 	// LeaderID and LeaderEndpoint name the new leader in a leader-changed
 	// event; LeaderID is empty when the lease became free.
 	LeaderID       string
@@ -90,6 +120,9 @@ type Event struct {
 	Err error
 	// ConfigVersion is the new version in a config-version-changed event.
 	ConfigVersion uint64
+	// Lane is the lane key of a lane-acquired, lane-lost or lane-released
+	// event.
+	Lane string
 }
 
 // dispatcher delivers events to handlers in order on its own goroutine, so

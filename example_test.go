@@ -318,3 +318,46 @@ func ExampleCluster_Resign() {
 	// api-1 leads: true
 	// api-1 leads: false api-2 leads: true
 }
+
+// LaneOwner tells any node which node holds a lane now, to route a key's
+// work to it; Clustered tells a process in single-node mode apart.
+func ExampleCluster_LaneOwner() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	a, err := cluster.New(ctx, cluster.Config{NodeID: "worker-a", DB: db})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Shutdown(ctx)
+	b, err := cluster.New(ctx, cluster.Config{NodeID: "worker-b", DB: db})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Shutdown(ctx)
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := a.ClaimLane(ctx, tx, "tenant-42"); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+
+	l, err := b.LaneOwner(ctx, "tenant-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("tenant-42 is worked on by", l.Holder, "under lane token", l.FencingToken)
+	if l, _ := b.LaneOwner(ctx, "tenant-7"); l == nil {
+		fmt.Println("tenant-7 is free")
+	}
+	fmt.Println("clustered before Init:", cluster.Clustered())
+	// Output:
+	// tenant-42 is worked on by worker-a under lane token 1
+	// tenant-7 is free
+	// clustered before Init: false
+}

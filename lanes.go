@@ -81,6 +81,35 @@ func (c *Cluster) publishLanes() {
 	c.lanes.set.Store(s)
 }
 
+// lanesHeld counts the lanes OwnsLane reports, without allocating.
+func (c *Cluster) lanesHeld() int {
+	s := c.lanes.set.Load()
+	if s == nil {
+		return 0
+	}
+	n, now := 0, mono()
+	for _, u := range s.until {
+		if now < u {
+			n++
+		}
+	}
+	return n
+}
+
+// laneEvent counts a lane event and emits it. It never blocks, so the
+// caller may hold c.lanes.mu, which keeps a lane's events in order.
+func (c *Cluster) laneEvent(kind EventKind, key string, token uint64, reason Reason) {
+	switch kind {
+	case EventLaneAcquired:
+		c.stats.laneAcquisitions.Add(1)
+	case EventLaneLost:
+		c.stats.laneLosses.Add(1)
+	case EventLaneReleased:
+		c.stats.laneReleases.Add(1)
+	}
+	c.events.emit(Event{Kind: kind, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: token, Reason: reason, Lane: key})
+}
+
 // laneUntil is the end of this node's belief in a lane that had remaining
 // left, by the database clock, at a statement that started at start: the
 // same margin as the trust window's, LeaseTTL - FenceTimeout, before the
@@ -136,6 +165,36 @@ func (c *Cluster) Lanes() []string {
 	return out
 }
 
+// LaneOwner reads who holds lane key now, by the database clock: the
+// lane's row, with its holder's NodeID and process instance, its fencing
+// token and its expiry (Remaining is what was left of the claim when it
+// was read). It returns nil and no error when no node holds the lane:
+// never claimed, released, or expired. It reads on a connection of its
+// own and locks nothing, so the answer may be stale by the time it
+// returns; it is for reporting and routing (send a key's work to the node
+// that holds it), not for fencing, which is [Cluster.ClaimLane]'s.
+// Unlike [Cluster.OwnsLane] it does I/O, and it answers for any node.
+func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
+	store, ok := c.provider.(LaneStore)
+	if !ok {
+		return nil, c.errNoCapability("LaneOwner", "LaneStore")
+	}
+	if err := checkLaneKey(key); err != nil {
+		return nil, err
+	}
+	if c.down.Load() {
+		return nil, c.errDown
+	}
+	l, err := store.ReadLane(ctx, c.cfg.LeaseName, key)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read the owner of lane %q: %w", key, err)
+	}
+	if l == nil || l.Remaining <= 0 || l.FencingToken == 0 {
+		return nil, nil
+	}
+	return l, nil
+}
+
 // ClaimLane claims lane key for this node inside the caller's transaction
 // tx, which is the authority, and returns the lane's fencing token: it
 // leases the lane to this node if it is free or expired (a new claim: the
@@ -162,6 +221,10 @@ func (c *Cluster) Lanes() []string {
 // on to another key, and roll tx back. After Shutdown it returns an error
 // matching [ErrShutdown] and [ErrStaleFencingToken].
 //
+// A claim that begins a new claim (not a renewal) emits lane-acquired; a
+// refusal of a lane this node believed it owned emits lane-lost (see
+// [EventLaneAcquired]).
+//
 // Share: a node may hold at most ⌈lanes / members⌉ lanes, where lanes
 // counts the lanes of this cluster (this LeaseName) held by any node
 // within the last LeaseTTL plus a heartbeat (claimed, renewed or released
@@ -174,8 +237,10 @@ func (c *Cluster) Lanes() []string {
 // Cost: one statement in tx to renew a lane this node holds (two on
 // MySQL, which reads the row back; MariaDB also sets the session's idle
 // timeout, as Fence does); a new claim first reads the lane and the census
-// (one statement more), and a lane never claimed before gets its row (one
-// more). Like Fence, it bounds on the server the wait for the lane row and
+// (one statement more), and the first claim of a lane by this process
+// first creates its row if it is absent (one more: on MySQL, two nodes
+// that both inserted a missing row after looking for it would deadlock).
+// Like Fence, it bounds on the server the wait for the lane row and
 // how long tx may then sit idle by LeaseTTL, so keep lane transactions
 // short. On SQLite, open the database with _txlock=immediate.
 func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {
@@ -208,22 +273,27 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 	if shedding {
 		return 0, fmt.Errorf("%w: node %q is handing lane %q over: it holds more than its share", ErrLaneLimit, c.cfg.NodeID, key)
 	}
+	opStart := mono()
 	reserved := false
 	if !held {
 		window := c.laneWindow()
 		l, census, err := store.PeekLane(ctx, tx, req, window)
 		if err != nil {
+			c.record(OpClaimLane, opStart, err)
 			return 0, err
 		}
 		switch {
 		case l != nil && l.Remaining > 0 && l.Instance == c.instance:
 			// Ours already: claimed since the keeper's last refresh.
 		case l != nil && l.Remaining > 0:
-			return 0, &LaneHeldError{Lane: key, Holder: l.Holder, Instance: l.Instance, FencingToken: l.FencingToken,
+			err := &LaneHeldError{Lane: key, Holder: l.Holder, Instance: l.Instance, FencingToken: l.FencingToken,
 				ExpiresAt: l.ExpiresAt, Remaining: l.Remaining}
+			c.record(OpClaimLane, opStart, err)
+			return 0, err
 		default:
 			counted := l != nil && l.RenewedAt.After(l.ExpiresAt.Add(-l.Remaining-window))
 			if err := c.reserveLane(key, census, counted); err != nil {
+				c.record(OpClaimLane, opStart, err)
 				return 0, err
 			}
 			reserved = true
@@ -232,6 +302,7 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 
 	start := mono()
 	l, err := store.ClaimLane(ctx, tx, req)
+	c.record(OpClaimLane, opStart, err)
 	var heldErr *LaneHeldError
 	c.lanes.mu.Lock()
 	if reserved {
@@ -240,17 +311,22 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 	switch {
 	case err == nil && !c.lanes.stopped:
 		if h, ok := c.lanes.held[key]; !ok || h.token != l.FencingToken {
+			if ok {
+				c.laneEvent(EventLaneLost, key, h.token, ReasonLaneTaken)
+			}
 			if c.lanes.held == nil {
 				c.lanes.held = map[string]heldLane{}
 			}
 			c.lanes.held[key] = heldLane{token: l.FencingToken, acquired: l.AcquiredAt.UnixMilli(),
 				until: c.laneUntil(start, l.Remaining), claimed: start}
 			c.publishLanes()
+			c.laneEvent(EventLaneAcquired, key, l.FencingToken, "")
 		}
 	case errors.As(err, &heldErr):
-		if _, ok := c.lanes.held[key]; ok {
+		if h, ok := c.lanes.held[key]; ok {
 			delete(c.lanes.held, key)
 			c.publishLanes()
+			c.laneEvent(EventLaneLost, key, h.token, ReasonLaneTaken)
 		}
 	}
 	c.lanes.mu.Unlock()
@@ -325,7 +401,9 @@ func (c *Cluster) reserveLane(key string, census LaneCensus, counted bool) error
 // outside the lane's transactions (on PostgreSQL and MySQL it waits for
 // an open one to end; on SQLite a transaction of this goroutine would
 // block it). ClaimLane may take the lane again: stop claiming it first.
-// Releasing a lane this node does not hold is not an error.
+// Releasing a lane this node does not hold is not an error. Releasing one
+// it holds emits lane-released (ReasonReleased, or ReasonReleaseFailed
+// when the statement failed and the lane expires after LeaseTTL).
 func (c *Cluster) ReleaseLane(ctx context.Context, key string) error {
 	store, ok := c.provider.(LaneStore)
 	if !ok {
@@ -341,18 +419,33 @@ func (c *Cluster) ReleaseLane(ctx context.Context, key string) error {
 	// A keeper refresh that starts before the release returns may still
 	// report the lane as ours: it must not put it back.
 	c.lanes.released[key] = math.MaxInt64
-	if _, ok := c.lanes.held[key]; ok {
+	h, had := c.lanes.held[key]
+	if had {
 		delete(c.lanes.held, key)
 		c.publishLanes()
 	}
 	c.lanes.mu.Unlock()
+	start := mono()
 	err := store.ReleaseLane(ctx, c.cfg.LeaseName, key, c.cfg.NodeID, c.instance)
+	c.record(OpReleaseLane, start, err)
 	c.lanes.mu.Lock()
 	if c.lanes.released != nil {
 		c.lanes.released[key] = mono()
 	}
+	if had {
+		c.laneEvent(EventLaneReleased, key, h.token, releaseReason(ReasonReleased, err))
+	}
 	c.lanes.mu.Unlock()
 	return err
+}
+
+// releaseReason is why a lane was released: why, or ReasonReleaseFailed
+// when the release failed.
+func releaseReason(why Reason, err error) Reason {
+	if err != nil {
+		return ReasonReleaseFailed
+	}
+	return why
 }
 
 // startKeeper starts the keeper goroutine, or wakes it, unless Shutdown
@@ -480,8 +573,14 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 	rctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 	rep, err := store.RenewLanes(rctx, c.cfg.LeaseName, c.instance, c.cfg.LeaseTTL, c.laneWindow())
 	cancel()
+	if ctx.Err() == nil {
+		c.record(OpRenewLanes, start, err)
+	}
 	c.keeperResult(ctx, "renew lanes", err)
 	if err != nil {
+		if ctx.Err() == nil {
+			c.fenceLanes()
+		}
 		return false
 	}
 
@@ -535,6 +634,23 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		}
 		c.log.InfoContext(ctx, "cluster: handing over lanes above this node's share", "lanes", keys[:extra], "limit", limit, "rule", rule)
 	}
+	for k, h := range c.lanes.held {
+		n, ok := next[k]
+		switch {
+		case !ok && c.lanes.shedding[k]:
+			c.laneEvent(EventLaneReleased, k, h.token, ReasonHandedOver)
+		case !ok:
+			c.laneEvent(EventLaneLost, k, h.token, ReasonLaneTaken)
+		case n.token != h.token:
+			c.laneEvent(EventLaneLost, k, h.token, ReasonLaneTaken)
+			c.laneEvent(EventLaneAcquired, k, n.token, "")
+		}
+	}
+	for k, n := range next {
+		if _, ok := c.lanes.held[k]; !ok {
+			c.laneEvent(EventLaneAcquired, k, n.token, "")
+		}
+	}
 	c.lanes.held = next
 	release := make([]string, 0, len(c.lanes.shedding))
 	for k := range c.lanes.shedding {
@@ -545,8 +661,12 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 
 	for _, k := range release {
 		rctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
+		start := mono()
 		err := store.ReleaseLane(rctx, c.cfg.LeaseName, k, c.cfg.NodeID, c.instance)
 		cancel()
+		if ctx.Err() == nil {
+			c.record(OpReleaseLane, start, err)
+		}
 		if err != nil {
 			c.log.DebugContext(ctx, "cluster: handing over a lane failed; trying again at the next heartbeat", "lane", k, "err", err)
 			continue
@@ -559,6 +679,25 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		c.observeConfig(rep.ConfigVersion)
 	}
 	return rep.HasConfigVersion
+}
+
+// fenceLanes forgets, after a failed renewal, the lanes whose belief
+// ended (OwnsLane already reports them as not owned), so that this node
+// tells its handlers it lost them before they can expire.
+func (c *Cluster) fenceLanes() {
+	c.lanes.mu.Lock()
+	defer c.lanes.mu.Unlock()
+	now, changed := mono(), false
+	for k, h := range c.lanes.held {
+		if now >= h.until {
+			delete(c.lanes.held, k)
+			changed = true
+			c.laneEvent(EventLaneLost, k, h.token, ReasonSelfFenced)
+		}
+	}
+	if changed {
+		c.publishLanes()
+	}
 }
 
 // stopKeeper is Shutdown's part for lanes, after leader work stopped: no
@@ -580,6 +719,7 @@ func (c *Cluster) stopKeeper(ctx context.Context) {
 		c.log.WarnContext(ctx, "cluster: lane claims still running at the Shutdown deadline; releasing the lanes anyway", "running", n, "err", err)
 	}
 	c.lanes.mu.Lock()
+	held := c.lanes.held
 	c.lanes.held, c.lanes.shedding, c.lanes.released = nil, nil, nil
 	c.publishLanes()
 	c.lanes.mu.Unlock()
@@ -589,7 +729,18 @@ func (c *Cluster) stopKeeper(ctx context.Context) {
 	}
 	rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
 	defer cancelRelease()
-	if err := store.ReleaseLanes(rctx, c.cfg.LeaseName, c.cfg.NodeID, c.instance); err != nil {
+	start := mono()
+	err := store.ReleaseLanes(rctx, c.cfg.LeaseName, c.cfg.NodeID, c.instance)
+	c.record(OpReleaseLane, start, err)
+	keys := make([]string, 0, len(held))
+	for k := range held {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		c.laneEvent(EventLaneReleased, k, held[k].token, releaseReason(ReasonShutdown, err))
+	}
+	if err != nil {
 		c.log.WarnContext(ctx, "cluster: releasing this node's lanes on shutdown failed; they expire after LeaseTTL", "err", err)
 		return
 	}

@@ -85,6 +85,86 @@ func TestClaimLane(t *testing.T) {
 	})
 }
 
+// LaneOwner reads who holds a lane now, for any node: nil for a lane never
+// claimed or released, the holder with its token and time left otherwise.
+// The operator's calls list every lane and end a claim whoever holds it,
+// keeping its token.
+func TestLaneOwner(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a")
+		b := start(t, tg, "b")
+		if l, err := b.LaneOwner(ctx, "orders-1"); l != nil || err != nil {
+			t.Fatalf("LaneOwner of a lane never claimed = %+v, %v; want nil, nil", l, err)
+		}
+		token, err := claimLane(ctx, a, "orders-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := b.LaneOwner(ctx, "orders-1")
+		if err != nil || l == nil {
+			t.Fatalf("LaneOwner of a's lane = %+v, %v", l, err)
+		}
+		if l.Key != "orders-1" || l.Holder != "a" || l.Instance == "" || l.FencingToken != token ||
+			l.Remaining <= 0 || l.Remaining > testdb.LeaseTTL || !l.ExpiresAt.After(l.AcquiredAt) {
+			t.Fatalf("LaneOwner = %+v; want a with token %d and at most %v left", l, token, testdb.LeaseTTL)
+		}
+		if _, err := b.LaneOwner(ctx, " x"); !errors.Is(err, cluster.ErrInvalidConfig) {
+			t.Fatalf("LaneOwner of a bad key = %v, want ErrInvalidConfig", err)
+		}
+
+		p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := claimLane(ctx, b, "orders-2"); err != nil {
+			t.Fatal(err)
+		}
+		all, err := p.ListLanes(ctx, "leader")
+		if err != nil || len(all) != 2 || all[0].Key != "orders-1" || all[0].Holder != "a" || all[1].Key != "orders-2" ||
+			all[1].Holder != "b" || all[1].Remaining <= 0 {
+			t.Fatalf("ListLanes = %+v, %v; want orders-1 held by a, orders-2 by b", all, err)
+		}
+		if other, err := p.ListLanes(ctx, "other"); len(other) != 0 || err != nil {
+			t.Fatalf("ListLanes of another lease name = %+v, %v", other, err)
+		}
+
+		// Forced release: the lane is free at once, with its token kept, so
+		// the next claim, by anyone, gets the next token.
+		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1"); !released || err != nil {
+			t.Fatalf("ForceReleaseLane = %v, %v; want true", released, err)
+		}
+		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1"); released || err != nil {
+			t.Fatalf("ForceReleaseLane of a free lane = %v, %v; want false, nil", released, err)
+		}
+		if l, err := a.LaneOwner(ctx, "orders-1"); l != nil || err != nil {
+			t.Fatalf("LaneOwner after a forced release = %+v, %v; want nil", l, err)
+		}
+		// Its holder's next claim starts a new claim, under a new token.
+		if got, err := claimLane(ctx, a, "orders-1"); err != nil || got != token+1 {
+			t.Fatalf("claim after a forced release = %d, %v; want token %d", got, err, token+1)
+		}
+		if l, err := b.LaneOwner(ctx, "orders-1"); err != nil || l == nil || l.Holder != "a" || l.FencingToken != token+1 {
+			t.Fatalf("LaneOwner after the new claim = %+v, %v", l, err)
+		}
+
+		// A released lane has no owner; a node shut down answers no more.
+		if err := b.ReleaseLane(ctx, "orders-2"); err != nil {
+			t.Fatal(err)
+		}
+		if l, err := a.LaneOwner(ctx, "orders-2"); l != nil || err != nil {
+			t.Fatalf("LaneOwner of a released lane = %+v, %v; want nil", l, err)
+		}
+		if err := a.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.LaneOwner(ctx, "orders-1"); !errors.Is(err, cluster.ErrShutdown) {
+			t.Fatalf("LaneOwner after Shutdown = %v, want ErrShutdown", err)
+		}
+	})
+}
+
 // laneMark is the high-water scope of a lane of the default lease name.
 func laneMark(key string) string { return "lane/6/leader/" + key }
 

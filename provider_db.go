@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -42,6 +43,10 @@ type DBProvider struct {
 	log    *slog.Logger
 	// identity names the database for in-process wake-ups; set by Init.
 	identity string
+	// laneRows holds the lanes (scope and key) whose row this provider
+	// saw, so that a claim of another lane creates its row first; see
+	// ClaimLane.
+	laneRows sync.Map
 }
 
 var (

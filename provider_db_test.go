@@ -40,6 +40,32 @@ func TestDBProviderConformance(t *testing.T) {
 	}
 }
 
+// The default provider passes the lane suite on every dialect, claiming
+// in database/sql transactions.
+func TestDBProviderLaneConformance(t *testing.T) {
+	t.Parallel()
+	for _, d := range testdb.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
+				tg := testdb.New(t, d)
+				db := tg.Open(t)
+				initProvider(t, tg, db)
+				return providertest.LaneTarget{
+					Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)).(cluster.LaneStore) },
+					Begin: func(ctx context.Context) (providertest.Tx, error) {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							return nil, err
+						}
+						return providertest.SQLTx(tx), nil
+					},
+				}
+			})
+		})
+	}
+}
+
 // Many nodes booting at once must all create or find the schema.
 func TestSchemaConcurrentInit(t *testing.T) {
 	t.Parallel()

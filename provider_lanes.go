@@ -40,6 +40,9 @@ type (
 		ReleaseLane(ctx context.Context, scope, key, holder, instance string) error
 		// ReleaseLanes expires every claim of the instance at once.
 		ReleaseLanes(ctx context.Context, scope, holder, instance string) error
+		// ReadLane reads lane key of scope on a connection of its own,
+		// held or not (nil when it was never claimed), without locking it.
+		ReadLane(ctx context.Context, scope, key string) (*Lane, error)
 		// JoinLanes records that the member instance takes lanes, so that
 		// it counts towards their fair share while it is live.
 		JoinLanes(ctx context.Context, scope, instance string) error
@@ -60,6 +63,9 @@ var (
 	_ LaneStore   = (*DBProvider)(nil)
 	_ ConfigStore = (*DBProvider)(nil)
 )
+
+// laneID names a lane: its scope and key.
+type laneID struct{ scope, key string }
 
 // A LaneRequest asks a [LaneStore] to claim a lane.
 type LaneRequest struct {
@@ -134,12 +140,23 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 // until tx ends; a lane never claimed first gets a free row, token 0.
 // Like [DBProvider.Fence], it bounds on the server the wait for the lane
 // row and how long tx may then idle, by the TTL.
+//
+// The first claim of a lane by this provider creates its row (if absent)
+// before the UPDATE: on MySQL an UPDATE that finds no row locks the gap
+// where it would be, and two transactions that then both insert it
+// deadlock. Rows are never deleted, so a lane seen once needs no more.
 func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
 	limit := req.TTL
 	if dl, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(dl)*9/10)
 	}
 	op := "claim lane " + quote(req.Key)
+	id := laneID{req.Scope, req.Key}
+	if _, seen := p.laneRows.Load(id); !seen {
+		if _, err := tx.Exec(ctx, p.d.bound(p.q.LaneCreate, limit), req.Scope, req.Key); err != nil {
+			return Lane{}, p.wrap(op, err)
+		}
+	}
 	var r laneRow
 	for attempt := 0; attempt < 3; attempt++ {
 		granted, got, err := p.lanes().claimLane(ctx, tx, req, limit)
@@ -147,6 +164,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 			return Lane{}, p.wrap(op, err)
 		}
 		if granted {
+			p.laneRows.Store(id, struct{}{})
 			return got.lane(req.Key), nil
 		}
 		err = r.scan(tx.QueryRow(ctx, p.q.LaneRead, req.Scope, req.Key))
@@ -159,6 +177,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 		if err != nil {
 			return Lane{}, p.wrap(op, err)
 		}
+		p.laneRows.Store(id, struct{}{})
 		if r.expires > r.now {
 			return Lane{}, r.held(req.Key)
 		}
@@ -214,6 +233,75 @@ func (p *DBProvider) ReleaseLane(ctx context.Context, scope, key, holder, instan
 // ReleaseLanes implements [LaneStore].
 func (p *DBProvider) ReleaseLanes(ctx context.Context, scope, holder, instance string) error {
 	return p.exec(ctx, "release lanes", p.q.LaneReleaseAll, scope, holder, instance)
+}
+
+// ReadLane implements [LaneStore].
+func (p *DBProvider) ReadLane(ctx context.Context, scope, key string) (*Lane, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var r laneRow
+	err = r.scan(conn.QueryRow(ctx, p.q.LaneRead, scope, key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, p.wrap("read lane "+quote(key), err)
+	}
+	l := r.lane(key)
+	return &l, nil
+}
+
+// ListLanes reads every lane of scope (the lease name), held or not,
+// sorted by key, for operators (clusterctl lanes). A lane is free when
+// its Remaining is not positive.
+func (p *DBProvider) ListLanes(ctx context.Context, scope string) ([]Lane, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rows, err := queryRows(ctx, conn, p.q.LaneList, scope)
+	if err != nil {
+		return nil, p.wrap("list lanes", err)
+	}
+	var out []Lane
+	for rows.next() {
+		var key string
+		var r laneRow
+		if err := rows.scan(&key, &r.holder, &r.instance, &r.token, &r.acquired, &r.renewed, &r.expires, &r.now); err != nil {
+			rows.close()
+			return nil, p.wrap("list lanes", err)
+		}
+		out = append(out, r.lane(key))
+	}
+	if err := rows.close(); err != nil {
+		return nil, p.wrap("list lanes", err)
+	}
+	return out, nil
+}
+
+// ForceReleaseLane ends the current claim on lane key of scope (the
+// lease name) at once, by the database clock, whoever holds it, keeping
+// its token, and reports whether a claim was held. The next claim gets a
+// higher token, and the holder's next ClaimLane of it starts a new claim
+// (or is refused, if another node claimed it first); its OwnsLane turns
+// false at its keeper's next heartbeat. A transaction holding the lane
+// makes the release wait for it to end (PostgreSQL, MySQL). For operators
+// (clusterctl release -lane).
+func (p *DBProvider) ForceReleaseLane(ctx context.Context, scope, key string) (bool, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	n, err := conn.Exec(ctx, p.d.bound(p.q.LaneExpire, statementLimit(ctx)), scope, key)
+	if err != nil {
+		return false, p.wrap("release lane "+quote(key), err)
+	}
+	return n == 1, nil
 }
 
 // JoinLanes implements [LaneStore].

@@ -15,6 +15,15 @@ const (
 	OpRenew   OpKind = "renew"
 	OpRelease OpKind = "release"
 	OpFence   OpKind = "fence"
+	// OpClaimLane is one [Cluster.ClaimLane] that reached the provider:
+	// its read of the lane and its fair share, and the claim.
+	OpClaimLane OpKind = "claim-lane"
+	// OpRenewLanes is the lane keeper's renewal of this node's lanes, once
+	// per heartbeat.
+	OpRenewLanes OpKind = "renew-lanes"
+	// OpReleaseLane releases one lane ([Cluster.ReleaseLane], or a lane
+	// handed over above this node's share) or, in Shutdown, all of them.
+	OpReleaseLane OpKind = "release-lane"
 )
 
 // An Outcome says how a provider call ended.
@@ -23,9 +32,10 @@ type Outcome string
 // The outcomes of an [Operation].
 const (
 	OutcomeOK    Outcome = "ok"    // done: granted, renewed, released, fenced
-	OutcomeHeld  Outcome = "held"  // acquire: another term holds the lease
+	OutcomeHeld  Outcome = "held"  // acquire: another term holds the lease; claim-lane: another node holds the lane
 	OutcomeLost  Outcome = "lost"  // renew: the term no longer holds the lease
 	OutcomeStale Outcome = "stale" // fence: the token is not the current term's
+	OutcomeLimit Outcome = "limit" // claim-lane: this node holds its share of the lanes (ErrLaneLimit)
 	OutcomeError Outcome = "error" // anything else: the database did not answer, refused, ...
 )
 
@@ -48,6 +58,10 @@ func outcomeOf(kind OpKind, err error) Outcome {
 		return OutcomeLost
 	case kind == OpFence && errors.Is(err, ErrStaleFencingToken):
 		return OutcomeStale
+	case kind == OpClaimLane && errors.Is(err, ErrLaneHeld):
+		return OutcomeHeld
+	case kind == OpClaimLane && errors.Is(err, ErrLaneLimit):
+		return OutcomeLimit
 	}
 	return OutcomeError
 }
@@ -57,7 +71,8 @@ func outcomeOf(kind OpKind, err error) Outcome {
 func (c *Cluster) record(kind OpKind, start int64, err error) {
 	d := time.Duration(mono() - start)
 	o := outcomeOf(kind, err)
-	if o != OutcomeError && o != OutcomeStale {
+	lease := kind == OpAcquire || kind == OpRenew || kind == OpRelease || kind == OpFence
+	if lease && o != OutcomeError && o != OutcomeStale {
 		c.stats.lastContact.Store(mono()) // the database answered
 	}
 	if kind == OpRenew && o == OutcomeOK {
@@ -93,6 +108,13 @@ type Stats struct {
 	SelfFences   uint64 // terms that ended because no renew succeeded in time (lease-lost, self-fenced)
 	Resigns      uint64 // terms ended by Resign
 	Releases     uint64 // terms released by Shutdown or Resign
+
+	// LanesHeld counts the lanes this node believes it owns, as
+	// [Cluster.Lanes] lists them.
+	LanesHeld        int
+	LaneAcquisitions uint64 // lane-acquired events: claims this node began
+	LaneLosses       uint64 // lane-lost events: lanes lost without releasing them
+	LaneReleases     uint64 // lane-released events: lanes released, handed over, or released by Shutdown
 }
 
 // stats are the counters behind Stats, updated as things happen.
@@ -103,6 +125,7 @@ type stats struct {
 	lastContact   atomic.Int64 // mono, 0 when never
 
 	acquisitions, lossesTaken, selfFences, resigns, releases atomic.Uint64
+	laneAcquisitions, laneLosses, laneReleases               atomic.Uint64
 }
 
 // Stats returns a snapshot of this node's leadership and its counters. It
@@ -119,6 +142,10 @@ func (c *Cluster) Stats() Stats {
 		SelfFences:               c.stats.selfFences.Load(),
 		Resigns:                  c.stats.resigns.Load(),
 		Releases:                 c.stats.releases.Load(),
+		LanesHeld:                c.lanesHeld(),
+		LaneAcquisitions:         c.stats.laneAcquisitions.Load(),
+		LaneLosses:               c.stats.laneLosses.Load(),
+		LaneReleases:             c.stats.laneReleases.Load(),
 	}
 	if t != nil {
 		s.Leader, s.FencingToken = true, t.lease.FencingToken

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/providertest"
 )
 
 // A pgx.Tx claims a lane in one call: the claim holds until the
@@ -52,4 +55,48 @@ func TestClaimLane(t *testing.T) {
 	if token, err := claim(b, "orders-1"); err != nil || token != 2 {
 		t.Fatalf("claim after the release = %d, %v; want token 2", token, err)
 	}
+}
+
+// pgxTx is a pgx transaction as providertest.RunLanes begins it.
+type pgxTx struct {
+	cluster.Querier
+	tx pgx.Tx
+}
+
+func (t pgxTx) Commit() error   { return t.tx.Commit(context.Background()) }
+func (t pgxTx) Rollback() error { return t.tx.Rollback(context.Background()) }
+
+// laneTarget is a fresh store on tg for providertest.RunLanes, claiming in
+// pgx transactions.
+func laneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
+	pool := newPool(t, tg, 0)
+	p := provider(t, tg, pool)
+	if err := p.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return providertest.LaneTarget{
+		Open: func() cluster.LaneStore { return provider(t, tg, newPool(t, tg, 0)) },
+		Begin: func(ctx context.Context) (providertest.Tx, error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return pgxTx{clusterpgx.Querier(tx), tx}, nil
+		},
+	}
+}
+
+// The pgx provider passes the lane suite, claiming in pgx transactions.
+func TestLaneConformance(t *testing.T) {
+	providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
+		return laneTarget(t, testdb.New(t, cluster.Postgres))
+	})
+}
+
+// And through PgBouncer in transaction mode.
+func TestPgBouncerLaneConformance(t *testing.T) {
+	t.Parallel()
+	providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
+		return laneTarget(t, testdb.PgBouncer(t))
+	})
 }

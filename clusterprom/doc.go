@@ -36,7 +36,7 @@
 //
 //	sqlfence_cluster_operations_total{op, outcome}    counter: provider calls, by cluster.OpKind and cluster.Outcome
 //	sqlfence_cluster_renew_duration_seconds           histogram: renew latency, whatever the outcome
-//	sqlfence_cluster_operation_duration_seconds{op}   histogram: acquire, release and fence latency
+//	sqlfence_cluster_operation_duration_seconds{op}   histogram: latency of the other calls (acquire, release, fence, lane calls)
 //
 // Read from Stats on every scrape, once a Cluster is watched:
 //
@@ -50,6 +50,10 @@
 //	sqlfence_cluster_losses_total{reason}             counter: terms lost, by cluster.Reason: lease-taken, self-fenced
 //	sqlfence_cluster_resigns_total                    counter: terms ended by Resign
 //	sqlfence_cluster_releases_total                   counter: leases released by Shutdown or Resign
+//	sqlfence_cluster_lanes_held                       gauge: lanes this node believes it owns
+//	sqlfence_cluster_lane_acquisitions_total          counter: lane claims begun (lane-acquired)
+//	sqlfence_cluster_lane_losses_total                counter: lanes lost without releasing them (lane-lost)
+//	sqlfence_cluster_lane_releases_total              counter: lanes released, handed over or released by Shutdown (lane-released)
 //
 // Durations are in seconds. The renew histogram covers failed renews too,
 // so a database that slows down until renews time out shows there as it

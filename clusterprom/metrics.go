@@ -35,6 +35,7 @@ type Metrics struct {
 
 	leader, fencingToken, termStart, lastRenew, renewFailures, lastContact *prometheus.Desc
 	acquisitions, losses, resigns, releases                                *prometheus.Desc
+	lanesHeld, laneAcquisitions, laneLosses, laneReleases                  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Metrics)(nil)
@@ -58,7 +59,7 @@ func New(cfg cluster.Config) *Metrics {
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
 			Name: "operations_total",
-			Help: "Provider calls this node made, by kind (acquire, renew, release, fence) and outcome (ok, held, lost, stale, error).",
+			Help: "Provider calls this node made, by kind (acquire, renew, release, fence, claim-lane, renew-lanes, release-lane) and outcome (ok, held, lost, stale, limit, error).",
 		}, []string{"op", "outcome"}),
 		renew: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
@@ -69,7 +70,7 @@ func New(cfg cluster.Config) *Metrics {
 		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
 			Name:    "operation_duration_seconds",
-			Help:    "How long this node's acquire, release and fence calls took, by kind, whatever their outcome; renewals are in sqlfence_cluster_renew_duration_seconds.",
+			Help:    "How long this node's provider calls other than lease renewals took (acquire, release, fence, claim-lane, renew-lanes, release-lane), by kind, whatever their outcome; lease renewals are in sqlfence_cluster_renew_duration_seconds.",
 			Buckets: durationBuckets,
 		}, []string{"op"}),
 
@@ -83,6 +84,11 @@ func New(cfg cluster.Config) *Metrics {
 		losses:        desc("losses_total", "Terms this node lost without releasing the lease, by reason: lease-taken (another term holds the lease) or self-fenced (no renewal succeeded within FenceTimeout).", "reason"),
 		resigns:       desc("resigns_total", "Terms this node ended by Resign."),
 		releases:      desc("releases_total", "Leases this node released, in Shutdown or Resign."),
+
+		lanesHeld:        desc("lanes_held", "Lanes this node believes it owns now."),
+		laneAcquisitions: desc("lane_acquisitions_total", "Claims on lanes this node began (lane-acquired events)."),
+		laneLosses:       desc("lane_losses_total", "Lanes this node lost without releasing them (lane-lost events)."),
+		laneReleases:     desc("lane_releases_total", "Lanes this node released, handed over, or released in Shutdown (lane-released events)."),
 	}
 	// The calls a Cluster makes and the outcomes each can have start at 0,
 	// so that a rate over them exists before the first of them happens.
@@ -91,6 +97,10 @@ func New(cfg cluster.Config) *Metrics {
 		cluster.OpRenew:   {cluster.OutcomeOK, cluster.OutcomeLost, cluster.OutcomeError},
 		cluster.OpRelease: {cluster.OutcomeOK, cluster.OutcomeError},
 		cluster.OpFence:   {cluster.OutcomeOK, cluster.OutcomeStale, cluster.OutcomeError},
+
+		cluster.OpClaimLane:   {cluster.OutcomeOK, cluster.OutcomeHeld, cluster.OutcomeLimit, cluster.OutcomeError},
+		cluster.OpRenewLanes:  {cluster.OutcomeOK, cluster.OutcomeError},
+		cluster.OpReleaseLane: {cluster.OutcomeOK, cluster.OutcomeError},
 	} {
 		for _, o := range outcomes {
 			m.ops.WithLabelValues(string(op), string(o))
@@ -135,6 +145,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.leader, m.fencingToken, m.termStart, m.lastRenew, m.renewFailures, m.lastContact,
 		m.acquisitions, m.losses, m.resigns, m.releases,
+		m.lanesHeld, m.laneAcquisitions, m.laneLosses, m.laneReleases,
 	} {
 		ch <- d
 	}
@@ -175,6 +186,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(m.losses, s.SelfFences, string(cluster.ReasonSelfFenced))
 	counter(m.resigns, s.Resigns)
 	counter(m.releases, s.Releases)
+	gauge(m.lanesHeld, float64(s.LanesHeld))
+	counter(m.laneAcquisitions, s.LaneAcquisitions)
+	counter(m.laneLosses, s.LaneLosses)
+	counter(m.laneReleases, s.LaneReleases)
 }
 
 func boolFloat(b bool) float64 {

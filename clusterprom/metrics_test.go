@@ -2,6 +2,7 @@ package clusterprom_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,10 @@ var statsMetrics = []string{
 	"sqlfence_cluster_losses_total",
 	"sqlfence_cluster_resigns_total",
 	"sqlfence_cluster_releases_total",
+	"sqlfence_cluster_lanes_held",
+	"sqlfence_cluster_lane_acquisitions_total",
+	"sqlfence_cluster_lane_losses_total",
+	"sqlfence_cluster_lane_releases_total",
 }
 
 func TestLeader(t *testing.T) {
@@ -178,9 +183,10 @@ func TestNotWatched(t *testing.T) {
 		t.Errorf("before Watch: %d metrics read from Stats (%v), want none", n, err)
 	}
 	// acquire: ok, held, error; renew: ok, lost, error; release: ok,
-	// error; fence: ok, stale, error.
-	if n, err := testutil.GatherAndCount(reg, "sqlfence_cluster_operations_total"); err != nil || n != 11 {
-		t.Errorf("before any call: %d sqlfence_cluster_operations_total series (%v), want 11", n, err)
+	// error; fence: ok, stale, error; claim-lane: ok, held, limit, error;
+	// renew-lanes: ok, error; release-lane: ok, error.
+	if n, err := testutil.GatherAndCount(reg, "sqlfence_cluster_operations_total"); err != nil || n != 19 {
+		t.Errorf("before any call: %d sqlfence_cluster_operations_total series (%v), want 19", n, err)
 	}
 	m.Observe(cluster.Operation{Kind: cluster.OpFence, Outcome: cluster.OutcomeStale, Duration: 3 * time.Millisecond})
 	labels := map[string]string{"node_id": "a", "lease": "jobs"}
@@ -274,4 +280,60 @@ func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string
 func histogramCount(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) uint64 {
 	t.Helper()
 	return metric(t, reg, name, labels).GetHistogram().GetSampleCount()
+}
+
+// A node's lanes: the claims it makes and their outcomes, the lanes it
+// holds, and those it loses and releases.
+func TestLanes(t *testing.T) {
+	store := providertest.NewMemory(nil)
+	a := startNode(t, store, "a")
+	b := startNode(t, store, "b")
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a.metrics, b.metrics)
+	la := map[string]string{"node_id": "a", "lease": "leader"}
+	lb := map[string]string{"node_id": "b", "lease": "leader"}
+	ctx := t.Context()
+
+	for _, k := range []string{"k1", "k2"} {
+		if _, err := a.ClaimLaneWith(ctx, nil, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.ClaimLaneWith(ctx, nil, "k1"); !errors.Is(err, cluster.ErrLaneHeld) {
+		t.Fatalf("b's claim of a's lane = %v", err)
+	}
+	if v := value(t, reg, "sqlfence_cluster_lanes_held", la); v != 2 {
+		t.Errorf("a: sqlfence_cluster_lanes_held = %v, want 2", v)
+	}
+	if v := value(t, reg, "sqlfence_cluster_operations_total", with(la, "op", "claim-lane", "outcome", "ok")); v != 2 {
+		t.Errorf("a: sqlfence_cluster_operations_total{op=claim-lane,outcome=ok} = %v, want 2", v)
+	}
+	if v := value(t, reg, "sqlfence_cluster_operations_total", with(lb, "op", "claim-lane", "outcome", "held")); v != 1 {
+		t.Errorf("b: sqlfence_cluster_operations_total{op=claim-lane,outcome=held} = %v, want 1", v)
+	}
+
+	store.ExpireLane("leader", "k2")
+	a.waitEvent(t, cluster.EventLaneLost)
+	if err := a.ReleaseLane(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, reg, "sqlfence_cluster_lanes_held", la); v != 0 {
+		t.Errorf("a: sqlfence_cluster_lanes_held = %v, want 0", v)
+	}
+	for name, want := range map[string]float64{
+		"sqlfence_cluster_lane_acquisitions_total": 2,
+		"sqlfence_cluster_lane_losses_total":       1,
+		"sqlfence_cluster_lane_releases_total":     1,
+	} {
+		if v := value(t, reg, name, la); v != want {
+			t.Errorf("a: %s = %v, want %v", name, v, want)
+		}
+	}
+	if v := value(t, reg, "sqlfence_cluster_operations_total", with(la, "op", "renew-lanes", "outcome", "ok")); v < 1 {
+		t.Errorf("a: sqlfence_cluster_operations_total{op=renew-lanes,outcome=ok} = %v, want at least 1", v)
+	}
+	if n := histogramCount(t, reg, "sqlfence_cluster_operation_duration_seconds", with(la, "op", "release-lane")); n != 1 {
+		t.Errorf("a: sqlfence_cluster_operation_duration_seconds{op=release-lane}: count %d, want 1", n)
+	}
+	lint(t, reg)
 }

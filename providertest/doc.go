@@ -65,6 +65,49 @@
 //     within (0, TTL], as in AcquireHeld: not the term released before it,
 //     nor an empty one.
 //
+// # Lanes
+//
+// A provider that implements [cluster.LaneStore] runs [RunLanes] too,
+// with a [LaneTarget]: a func that opens one more provider over the store,
+// and one that begins a transaction on it ([SQLTx] adapts a *sql.Tx;
+// [NoTx] serves a store without transactions). Each subtest runs on a
+// fresh store:
+//
+//   - ClaimFree: a free lane is granted with a nonzero token, the
+//     request's holder and instance, and at most the TTL left; ReadLane
+//     from another provider reports it.
+//   - NeverClaimed: ReadLane and PeekLane of a lane never claimed return
+//     nil, and the census of an empty store is zero.
+//   - ClaimHeld: a claim of a lane another instance holds returns a
+//     [*cluster.LaneHeldError] matching [cluster.ErrLaneHeld] that names
+//     the holder, its instance and token, with (0, TTL] left.
+//   - ClaimRenews: the holder's claim keeps the token and moves the expiry.
+//   - ReleaseThenClaim: ReleaseLane with another key, holder or instance,
+//     or of a lane never claimed, does nothing and returns nil; the
+//     holder's frees the lane at once, keeping its token, and the next
+//     claim gets a greater one.
+//   - TokensIncrease: 10 claims by two nodes in turn, each released before
+//     the next, get strictly increasing tokens.
+//   - Expiry: once its TTL has passed a claim is free, RenewLanes no longer
+//     renews it, and another node's claim gets a greater token.
+//   - RenewLanes: it extends every unexpired lane of the instance, and
+//     only those, reports them with their tokens, and counts the lanes
+//     and the instance's own in the census.
+//   - ReleaseLanes: it frees every lane of the instance and no other's.
+//   - IndependentScopes: the same key in two scopes is two lanes.
+//   - Census: PeekLane counts the lanes held, the caller's, and the other
+//     members that joined (through [cluster.MemberStore.Join] first, when
+//     the provider implements it, then JoinLanes).
+//   - ConcurrentClaim: 6 providers claiming one free lane at once, each in
+//     its own transaction, are granted exactly one claim; the others get
+//     ErrLaneHeld. Three rounds, with increasing tokens.
+//   - ConfigVersion, for a [cluster.ConfigStore]: the version starts at 0,
+//     10 concurrent bumps from two providers return 1..10 once each, and
+//     scopes are independent (skipped for a store without it).
+//
+// [Memory] passes it: it claims at once, ignoring the transaction, and
+// [Memory.ExpireLane] ends a claim as a crash would.
+//
 // # Time
 //
 // Every subtest but Expiry acquires with a TTL of one minute, so that no

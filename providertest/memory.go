@@ -21,7 +21,8 @@ var ErrDisconnected = errors.New("providertest: node disconnected from the store
 // and keeps the whole Provider contract: expiry by its clock, fencing
 // tokens that strictly increase per lease name and never start again (not
 // after a Release, an expiry or [Memory.Expire]), and Renew and Release
-// that match the term's name, holder, instance and token.
+// that match the term's name, holder, instance and token. It keeps lanes
+// and config versions as well (see [Memory.ClaimLane]).
 //
 // Its methods are safe for concurrent use. Each returns ctx's error when
 // ctx is done before it starts, as a store that was never reached would.
@@ -33,6 +34,12 @@ type Memory struct {
 	mu           sync.Mutex
 	leases       map[string]*memLease // by name; kept after expiry, for the token
 	disconnected map[string]bool      // by NodeID
+
+	// Lanes and config versions (memory_lanes.go), made by laneState.
+	lanes   map[laneID]*memLane             // kept after a claim ends, for the token
+	takers  map[string]map[string]time.Time // by scope and instance: when a member that takes lanes was last seen
+	configs map[string]uint64               // by scope
+	nodes   map[string]string               // the NodeID of each instance seen, for Disconnect
 }
 
 // memLease is the latest term of one lease name.
@@ -100,6 +107,8 @@ func (m *Memory) Acquire(ctx context.Context, req cluster.LeaseRequest) (cluster
 	if req.TTL <= 0 {
 		return cluster.Lease{}, fmt.Errorf("providertest: acquire lease %q for %v: the TTL must be positive", req.Name, req.TTL)
 	}
+	m.laneState()
+	m.nodes[req.Instance] = req.Holder
 	now := m.now()
 	l := m.leases[req.Name]
 	if l.held(now) {

@@ -31,6 +31,18 @@ func TestMemoryConformance(t *testing.T) {
 	})
 }
 
+// The Memory passes the lane suite too, without transactions.
+func TestMemoryLaneConformance(t *testing.T) {
+	t.Parallel()
+	providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
+		m := providertest.NewMemory(nil)
+		return providertest.LaneTarget{
+			Open:  func() cluster.LaneStore { return m },
+			Begin: func(context.Context) (providertest.Tx, error) { return providertest.NoTx, nil },
+		}
+	})
+}
+
 func request(holder string, ttl time.Duration) cluster.LeaseRequest {
 	return cluster.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
 }

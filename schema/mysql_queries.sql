@@ -309,6 +309,22 @@ SELECT (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
 FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.instance = ?
     AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
+-- name: lane_list
+-- args: scope. Every lane of scope, by key: lane, holder, instance, token,
+-- acquired, renewed, expires, now. For operators (clusterctl lanes).
+SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM {{prefix}}lanes WHERE scope = ? ORDER BY lane;
+
+-- name: lane_expire
+-- args: scope, lane. An operator ends the current claim of a lane at once,
+-- whoever holds it (clusterctl release -lane); the token is kept.
+UPDATE {{prefix}}lanes
+SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+WHERE scope = ? AND lane = ?
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+
 -- name: lane_release
 -- args: scope, lane, holder, instance. Ends the instance's claim at once,
 -- keeping the token; renewed_at records when, for the fair share's window.

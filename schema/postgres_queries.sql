@@ -338,6 +338,24 @@ SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $2 AND renewed_at > c
        c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
 FROM clock c LEFT JOIN mine m ON true;
 
+-- name: lane_list
+-- args: scope. Every lane of scope, by key: lane, holder, instance, token,
+-- acquired, renewed, expires, now. For operators (clusterctl lanes).
+SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM {{prefix}}lanes WHERE scope = $1 ORDER BY lane;
+
+-- name: lane_expire
+-- args: scope, lane. An operator ends the current claim of a lane at once,
+-- whoever holds it (clusterctl release -lane); the token is kept.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE {{prefix}}lanes AS l
+SET renewed_at = c.now_ms, expires_at = c.now_ms
+FROM clock c
+WHERE l.scope = $1 AND l.lane = $2 AND l.expires_at > c.now_ms;
+
 -- name: lane_release
 -- args: scope, lane, holder, instance. Ends the instance's claim at once,
 -- keeping the token; renewed_at records when, for the fair share's window.

@@ -257,6 +257,22 @@ SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?1 AND renewed_at > c
 FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) AS c
 LEFT JOIN {{prefix}}lanes l ON l.scope = ?7 AND l.instance = ?8 AND l.expires_at > c.now_ms;
 
+-- name: lane_list
+-- args: scope. Every lane of scope, by key: lane, holder, instance, token,
+-- acquired, renewed, expires, now. For operators (clusterctl lanes).
+SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at,
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+FROM {{prefix}}lanes WHERE scope = ?1 ORDER BY lane;
+
+-- name: lane_expire
+-- args: scope, lane. An operator ends the current claim of a lane at once,
+-- whoever holds it (clusterctl release -lane); the token is kept.
+UPDATE {{prefix}}lanes
+SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE scope = ?1 AND lane = ?2
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
 -- name: lane_release
 -- args: scope, lane, holder, instance. Ends the instance's claim at once,
 -- keeping the token; renewed_at records when, for the fair share's window.

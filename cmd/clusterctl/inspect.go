@@ -200,3 +200,62 @@ func runFingerprint(ctx context.Context, e *env) error {
 	fmt.Fprintf(w, "recorded at\t%s (by the database clock)\n", stamp(st.RecordedAt))
 	return w.Flush()
 }
+
+// laneJSON is a lane as lanes -json prints it: times in unix milliseconds
+// by the database clock. A free lane (held false, remainingMs 0) names its
+// last holder, or none if it was never claimed, and keeps its token.
+type laneJSON struct {
+	Lane         string `json:"lane"`
+	Held         bool   `json:"held"`
+	Holder       string `json:"holder"`
+	Instance     string `json:"instance"`
+	FencingToken uint64 `json:"fencingToken"`
+	AcquiredAt   int64  `json:"acquiredAt"`
+	ExpiresAt    int64  `json:"expiresAt"`
+	RemainingMs  int64  `json:"remainingMs"`
+}
+
+// lanesOutput is what lanes -json prints.
+type lanesOutput struct {
+	Lease string     `json:"lease"`
+	Lanes []laneJSON `json:"lanes"`
+}
+
+func runLanes(ctx context.Context, e *env) error {
+	ctx, cancel := e.bounded(ctx)
+	defer cancel()
+	if err := e.connect(ctx, false); err != nil {
+		return err
+	}
+	lanes, err := e.p.ListLanes(ctx, e.opts.lease)
+	if err != nil {
+		return err
+	}
+	if e.opts.json {
+		out := lanesOutput{Lease: e.opts.lease, Lanes: make([]laneJSON, 0, len(lanes))}
+		for _, l := range lanes {
+			out.Lanes = append(out.Lanes, laneJSON{Lane: l.Key, Held: l.Remaining > 0, Holder: l.Holder, Instance: l.Instance,
+				FencingToken: l.FencingToken, AcquiredAt: l.AcquiredAt.UnixMilli(), ExpiresAt: l.ExpiresAt.UnixMilli(),
+				RemainingMs: max(l.Remaining, 0).Milliseconds()})
+		}
+		return e.printJSON(out)
+	}
+	if len(lanes) == 0 {
+		_, err := fmt.Fprintf(e.stdout, "no lanes of lease %q recorded\n", e.opts.lease)
+		return err
+	}
+	w := e.table()
+	fmt.Fprintln(w, "LANE\tHOLDER\tINSTANCE\tTOKEN\tEXPIRES\tLEFT")
+	for _, l := range lanes {
+		if l.Remaining <= 0 {
+			fmt.Fprintf(w, "%s\t-\t-\t%d\t-\tfree\n", l.Key, l.FencingToken)
+			continue
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", l.Key, l.Holder, prefix(l.Instance, 8), l.FencingToken, stamp(l.ExpiresAt), span(l.Remaining))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(e.stdout, "(expiry by the database clock; a free lane keeps its token, and its next claim gets a higher one)")
+	return err
+}

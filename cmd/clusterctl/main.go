@@ -1,8 +1,9 @@
 // Command clusterctl inspects and operates the lease of a
 // github.com/sqlfence/cluster cluster through the database that holds it:
-// who leads and until when by the database clock, the members, the chain
-// tips and the recorded vault-key fingerprint; it ends a term by force,
-// retires a lease, and creates, upgrades or prints the cluster tables.
+// who leads and until when by the database clock, the members, the lanes
+// and who holds them, the chain tips and the recorded vault-key
+// fingerprint; it ends a term or a lane's claim by force, retires a lease,
+// and creates, upgrades or prints the cluster tables.
 //
 //	Usage: clusterctl <command> [flags]
 //
@@ -60,11 +61,14 @@ Commands:
                database clock and time left), then the members
   members      the members: node, instance, host, pid, status, live,
                leader, last seen
+  lanes        every lane of the lease: key, holder, instance, fencing
+               token, expiry by the database clock and time left, or free
   tips         every chain tip: chain, lease, counter, fencing token, hash
   fingerprint  the recorded vault-key fingerprint (prefix), its rotation
                epoch, and which node recorded it when
-  release      end the current term at once, by the database clock; needs
-               -force, and asks for confirmation unless -yes
+  release      end the current term at once, by the database clock (or,
+               with -lane, the current claim on a lane); needs -force,
+               and asks for confirmation unless -yes
   retire       retire the lease: no holder, fencing token kept, members
                marked left; refused while a node holds it; asks unless -yes
   migrate      create or upgrade the cluster tables; print the schema version
@@ -89,6 +93,8 @@ Flags:
   -node-timeout DUR   status, members: a member not seen for this long, by
                       the database clock, is not live (default 60s, the
                       library's for LeaseTTL 30s and heartbeat 10s)
+  -lane KEY           release: end the claim on lane KEY, not the lease's
+                      term
   -force              release: required
   -yes                release, retire: do not ask for confirmation
 
@@ -106,6 +112,7 @@ const (
 	nodeTimeoutFlag                      // -node-timeout
 	forceFlag                            // -force
 	yesFlag                              // -yes
+	laneFlag                             // -lane
 )
 
 // A command is one subcommand of clusterctl.
@@ -121,12 +128,14 @@ var commands = []*command{
 		timeoutFlag | leaseFlag | jsonFlag | nodeTimeoutFlag, runStatus},
 	{"members", "Print the members of the lease: node, instance, host, pid, status, live,\nleader, and how long ago the database last saw them.",
 		timeoutFlag | leaseFlag | jsonFlag | nodeTimeoutFlag, runMembers},
+	{"lanes", "Print every lane of the lease: key, holder (node and instance), fencing\ntoken, expiry by the database clock and time left; a free lane (released or\nexpired) keeps its token, and its next claim gets a higher one.",
+		timeoutFlag | leaseFlag | jsonFlag, runLanes},
 	{"tips", "Print every chain tip: chain, lease, counter, fencing token, hash (prefix).",
 		timeoutFlag | jsonFlag, runTips},
 	{"fingerprint", "Print the vault-key fingerprint the cluster recorded (its first 16 hex\ncharacters), its rotation epoch, and which node recorded it when.",
 		timeoutFlag | leaseFlag | jsonFlag, runFingerprint},
-	{"release", "End the current term of the lease at once, by the database clock. Its\nfencing token is kept: the next term gets a higher one, and the database\nrefuses fenced writes under the old one from now on. The node that held it\nstops believing it leads when its trust window closes. Needs -force; asks\nfor confirmation on stdin unless -yes.",
-		timeoutFlag | leaseFlag | jsonFlag | forceFlag | yesFlag, runRelease},
+	{"release", "End the current term of the lease at once, by the database clock. Its\nfencing token is kept: the next term gets a higher one, and the database\nrefuses fenced writes under the old one from now on. The node that held it\nstops believing it leads when its trust window closes. With -lane KEY it\nends the current claim on that lane instead, whoever holds it, keeping its\ntoken: any node may claim it at once, under a higher token, and its holder\nlearns of it at its next claim or heartbeat; a transaction holding the lane\ndelays the release until it ends (PostgreSQL, MySQL). Needs -force; asks\nfor confirmation on stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | forceFlag | yesFlag | laneFlag, runRelease},
 	{"retire", "Retire the lease: its row stays, with its fencing token (a name used again\ncontinues from it), but names no holder, and its members are marked left.\nRefused while a node holds it: stop its nodes first. Asks for confirmation\non stdin unless -yes.",
 		timeoutFlag | leaseFlag | jsonFlag | yesFlag, runRetire},
 	{"migrate", "Create the cluster tables, or upgrade them to this build's schema version,\nand print the schema version. Runs no DDL when they are current.",
@@ -146,9 +155,9 @@ func lookup(name string) *command {
 
 // options are the values of the flags.
 type options struct {
-	dsn, dialect, prefix, lease string
-	timeout, nodeTimeout        time.Duration
-	json, force, yes            bool
+	dsn, dialect, prefix, lease, lane string
+	timeout, nodeTimeout              time.Duration
+	json, force, yes                  bool
 }
 
 // flagSet returns c's flags, bound to o.
@@ -170,6 +179,9 @@ func (c *command) flagSet(o *options) *flag.FlagSet {
 	if c.flags&nodeTimeoutFlag != 0 {
 		fs.DurationVar(&o.nodeTimeout, "node-timeout", defaultNodeTimeout,
 			"a member not seen for this long, by the database clock, is not live\n(the library's default for LeaseTTL 30s and heartbeat 10s)")
+	}
+	if c.flags&laneFlag != 0 {
+		fs.StringVar(&o.lane, "lane", "", "end the claim on lane `key` instead of the lease's term")
 	}
 	if c.flags&forceFlag != 0 {
 		fs.BoolVar(&o.force, "force", false, "required: end the term")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -183,6 +184,8 @@ func TestUsage(t *testing.T) {
 		{"bad timeout", []string{"members", "-node-timeout", "0s", "-dsn", sqliteDSN}, exitUsage, "", "-node-timeout"},
 		{"schema without a dialect", []string{"schema"}, exitUsage, "", "set -dialect"},
 		{"release without -force", []string{"release", "-dsn", sqliteDSN}, exitUsage, "", "without -force"},
+		{"release of a lane without -force", []string{"release", "-lane", "k", "-dsn", sqliteDSN}, exitUsage, "", "without -force"},
+		{"-lane of another command", []string{"lanes", "-lane", "k", "-dsn", sqliteDSN}, exitUsage, "", "flag provided but not defined: -lane"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := ctl(t, tc.args...)
@@ -524,6 +527,110 @@ func TestWrongDSN(t *testing.T) {
 			// migrate creates a missing file, but not a missing directory.
 			dsn := "file:" + filepath.Join(t.TempDir(), "no", "dir", "cluster.db")
 			failed(t, ctl(t, "migrate", "-dsn", dsn), exitFail, "connect to the sqlite database")
+		}
+	})
+}
+
+// claimLane claims lane key for c in a transaction of db, and commits.
+func claimLane(t *testing.T, c *cluster.Cluster, db *sql.DB, key string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	token, err := c.ClaimLane(ctx, tx, key)
+	if err != nil {
+		t.Fatalf("%s's claim of lane %s: %v", c.NodeID(), key, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return token
+}
+
+// lanes lists who holds what; release -lane ends one claim, whoever holds
+// it, keeping its token, after -force and a confirmation.
+func TestLanes(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		a, b := startNode(t, tg, "node-a"), startNode(t, tg, "node-b")
+		db := tg.Open(t)
+		if out := ok(t, ctl(t, on(tg, "lanes")...)); !strings.Contains(out, `no lanes of lease "leader" recorded`) {
+			t.Errorf("lanes before any claim printed %q", out)
+		}
+		claimLane(t, a, db, "k1")
+		claimLane(t, a, db, "k2")
+		claimLane(t, b, db, "k3")
+
+		ls := decode[lanesOutput](t, ctl(t, on(tg, "lanes", "-json")...))
+		if ls.Lease != "leader" || len(ls.Lanes) != 3 {
+			t.Fatalf("lanes -json = %+v, want three lanes of lease leader", ls)
+		}
+		for i, want := range []struct{ lane, holder string }{{"k1", "node-a"}, {"k2", "node-a"}, {"k3", "node-b"}} {
+			l := ls.Lanes[i]
+			if l.Lane != want.lane || l.Holder != want.holder || !l.Held || l.FencingToken != 1 || l.Instance == "" ||
+				l.RemainingMs <= 0 || l.RemainingMs > 1000 || l.ExpiresAt <= l.AcquiredAt {
+				t.Errorf("lanes -json lane %d = %+v, want %s held by %s with token 1 and at most 1s left", i, l, want.lane, want.holder)
+			}
+		}
+		raw := decode[map[string]json.RawMessage](t, ctl(t, on(tg, "lanes", "-json")...))
+		var rawLanes []json.RawMessage
+		if err := json.Unmarshal(raw["lanes"], &rawLanes); err != nil || len(rawLanes) == 0 {
+			t.Fatalf("lanes -json lanes: %v", err)
+		}
+		if got, want := keys(t, rawLanes[0]), []string{"acquiredAt", "expiresAt", "fencingToken", "held", "holder", "instance", "lane", "remainingMs"}; !slices.Equal(got, want) {
+			t.Errorf("lanes -json lane keys = %v, want %v", got, want)
+		}
+		out := ok(t, ctl(t, on(tg, "lanes")...))
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 5 || !strings.HasPrefix(lines[0], "LANE") ||
+			!strings.HasPrefix(lines[3], "k3") || !strings.Contains(lines[3], "node-b") {
+			t.Errorf("lanes printed:\n%s\nwant a header, three lanes and a note", out)
+		}
+
+		// release -lane needs -force, and asks.
+		failed(t, ctl(t, on(tg, "release", "-lane", "k1")...), exitUsage, "without -force")
+		r := invocation{stdin: "n\n"}.run(t, on(tg, "release", "-lane", "k1", "-force")...)
+		failed(t, r, exitFail, fmt.Sprintf("End the claim on lane %q of lease %q held by node %q (token 1)? [y/N]", "k1", "leader", "node-a"), "not confirmed")
+		if !a.OwnsLane("k1") {
+			t.Fatal("a lost k1 though the release was not confirmed")
+		}
+		rel := decode[releaseLaneJSON](t, ctl(t, on(tg, "release", "-lane", "k1", "-force", "-yes", "-json")...))
+		if want := (releaseLaneJSON{Lease: "leader", Lane: "k1", Released: true, NodeID: "node-a", FencingToken: 1}); rel != want {
+			t.Errorf("release -lane -force -yes -json = %+v, want %+v", rel, want)
+		}
+		waitFor(t, "node-a to learn it lost k1", func() bool { return !a.OwnsLane("k1") })
+		if out := ok(t, ctl(t, on(tg, "release", "-lane", "k1", "-force", "-yes")...)); !strings.Contains(out, `lane "k1" of lease "leader" is not held`) {
+			t.Errorf("release of a free lane printed %q", out)
+		}
+		if out := ok(t, ctl(t, on(tg, "release", "-lane", "never", "-force", "-yes")...)); !strings.Contains(out, "is not held") {
+			t.Errorf("release of a lane never claimed printed %q", out)
+		}
+		// b takes it, under the next token; answered y, release ends that.
+		if token := claimLane(t, b, db, "k1"); token != 2 {
+			t.Fatalf("claim after the forced release got token %d, want 2", token)
+		}
+		out = ok(t, invocation{stdin: "y\n"}.run(t, on(tg, "release", "-lane", "k1", "-force")...))
+		if want := fmt.Sprintf("released lane %q of lease %q: the claim of node %q (token 2)", "k1", "leader", "node-b"); !strings.Contains(out, want) {
+			t.Errorf("release -lane answered y printed %q, want %q", out, want)
+		}
+
+		// Stopped nodes release their lanes: every lane is free, its
+		// token kept.
+		for _, n := range []*cluster.Cluster{a, b} {
+			if err := n.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ls = decode[lanesOutput](t, ctl(t, on(tg, "lanes", "-json")...))
+		tokens := map[string]uint64{"k1": 2, "k2": 1, "k3": 1}
+		for _, l := range ls.Lanes {
+			if l.Held || l.RemainingMs != 0 || l.FencingToken != tokens[l.Lane] {
+				t.Errorf("lane after shutdown = %+v, want free with token %d", l, tokens[l.Lane])
+			}
+		}
+		if out := ok(t, ctl(t, on(tg, "lanes")...)); strings.Count(out, "  free\n") != 3 {
+			t.Errorf("lanes after shutdown printed:\n%s\nwant three free lanes", out)
 		}
 	})
 }

@@ -33,6 +33,9 @@ type releaseJSON struct {
 }
 
 func runRelease(ctx context.Context, e *env) error {
+	if e.opts.lane != "" {
+		return runReleaseLane(ctx, e)
+	}
 	if !e.opts.force {
 		return usagef("refusing to release lease %q without -force: it ends the current term at once, the leader's work stops "+
 			"and another node takes over; run clusterctl release -force (-yes skips the question)", e.opts.lease)
@@ -94,6 +97,87 @@ func (e *env) reportRelease(r releaseJSON) error {
 	_, err := fmt.Fprintf(e.stdout, "released lease %q: the term of node %q (token %d) ended by the database clock; "+
 		"fenced writes under token %d are refused from now on, and the next term gets a higher token\n",
 		r.Lease, r.NodeID, r.FencingToken, r.FencingToken)
+	return err
+}
+
+// releaseLaneJSON is what release -lane -json prints: whether a claim was
+// ended, and whose.
+type releaseLaneJSON struct {
+	Lease        string `json:"lease"`
+	Lane         string `json:"lane"`
+	Released     bool   `json:"released"`
+	NodeID       string `json:"nodeId,omitempty"`
+	FencingToken uint64 `json:"fencingToken,omitempty"`
+}
+
+func runReleaseLane(ctx context.Context, e *env) error {
+	name, key := e.opts.lease, e.opts.lane
+	if !e.opts.force {
+		return usagef("refusing to release lane %q of lease %q without -force: it ends the current claim at once, and another node may "+
+			"claim the lane; run clusterctl release -lane %s -force (-yes skips the question)", key, name, key)
+	}
+	bctx, cancel := e.bounded(ctx)
+	defer cancel()
+	if err := e.connect(bctx, false); err != nil {
+		return err
+	}
+	read := func(ctx context.Context) (*cluster.Lane, error) {
+		l, err := e.p.ReadLane(ctx, name, key)
+		if err != nil || l == nil || l.Remaining <= 0 {
+			return nil, err
+		}
+		return l, nil
+	}
+	l, err := read(bctx)
+	if err != nil {
+		return err
+	}
+	if l == nil {
+		return e.reportReleaseLane(releaseLaneJSON{Lease: name, Lane: key})
+	}
+	if !e.opts.yes {
+		ok, err := e.confirm(fmt.Sprintf("End the claim on lane %q of lease %q held by node %q (token %d)?", key, name, l.Holder, l.FencingToken))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("lane %q not released: not confirmed", key)
+		}
+		// The answer took a while: release only the claim it was about.
+		bctx, cancel = e.bounded(ctx)
+		defer cancel()
+		now, err := read(bctx)
+		if err != nil {
+			return err
+		}
+		if now == nil {
+			return e.reportReleaseLane(releaseLaneJSON{Lease: name, Lane: key})
+		}
+		if now.FencingToken != l.FencingToken || now.Instance != l.Instance {
+			return fmt.Errorf("lane %q changed hands while you answered: it is now held by node %q (token %d); nothing released, run clusterctl release -lane again",
+				key, now.Holder, now.FencingToken)
+		}
+	}
+	released, err := e.p.ForceReleaseLane(bctx, name, key)
+	if err != nil {
+		return err
+	}
+	if !released {
+		return e.reportReleaseLane(releaseLaneJSON{Lease: name, Lane: key})
+	}
+	return e.reportReleaseLane(releaseLaneJSON{Lease: name, Lane: key, Released: true, NodeID: l.Holder, FencingToken: l.FencingToken})
+}
+
+func (e *env) reportReleaseLane(r releaseLaneJSON) error {
+	if e.opts.json {
+		return e.printJSON(r)
+	}
+	if !r.Released {
+		_, err := fmt.Fprintf(e.stdout, "lane %q of lease %q is not held: no claim to end\n", r.Lane, r.Lease)
+		return err
+	}
+	_, err := fmt.Fprintf(e.stdout, "released lane %q of lease %q: the claim of node %q (token %d) ended by the database clock; "+
+		"the next claim gets a higher token\n", r.Lane, r.Lease, r.NodeID, r.FencingToken)
 	return err
 }
 
