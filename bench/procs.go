@@ -97,6 +97,9 @@ func runMember(ctx context.Context, spec string) error {
 	cfg.OnTransition = func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			say("acquired %d", e.At.UnixNano())
+			if os.Getenv("BENCH_TRACE") != "" {
+				fmt.Fprintf(os.Stderr, "trace %d %s acquired event x\n", e.At.UnixNano(), m.ID)
+			}
 		}
 	}
 	if os.Getenv("BENCH_TRACE") != "" {
@@ -143,6 +146,9 @@ func runMember(ctx context.Context, spec string) error {
 			err := c.Resign(ctx)
 			say("released %s", errText(err))
 			continue
+		}
+		if os.Getenv("BENCH_TRACE") != "" {
+			fmt.Fprintf(os.Stderr, "trace %d %s shutdown call start\n", time.Now().UnixNano(), m.ID)
 		}
 		err := c.Shutdown(ctx)
 		stopWatch()
