@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"image/color"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -119,8 +120,11 @@ func trialsPlot(r trialsResult, path string) error {
 		names = append(names, fmt.Sprintf("%s (n=%d)", s.System, len(vals)))
 	}
 	p.NominalX(names...)
+	// Many systems' names would overlap side by side: slant them.
+	p.X.Tick.Label.Rotation = math.Pi / 6
+	p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = draw.XRight, draw.YCenter
 	p.Add(plotter.NewGrid())
-	return save(p, path, 7, 3.6)
+	return save(p, path, 0.8*float64(max(len(names), 6))+2, 4.2)
 }
 
 func scalePlots(series []scaleResult, dir string) error {
