@@ -294,22 +294,18 @@ func TestLanes(t *testing.T) {
 	lb := map[string]string{"node_id": "b", "lease": "leader"}
 	ctx := t.Context()
 
+	// a claims and works alone first: b takes no lane, so it does not
+	// count in the fair share, and a keeps both lanes.
 	for _, k := range []string{"k1", "k2"} {
 		if _, err := a.ClaimLaneWith(ctx, nil, k); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := b.ClaimLaneWith(ctx, nil, "k1"); !errors.Is(err, cluster.ErrLaneHeld) {
-		t.Fatalf("b's claim of a's lane = %v", err)
 	}
 	if v := value(t, reg, "sqlfence_cluster_lanes_held", la); v != 2 {
 		t.Errorf("a: sqlfence_cluster_lanes_held = %v, want 2", v)
 	}
 	if v := value(t, reg, "sqlfence_cluster_operations_total", with(la, "op", "claim-lane", "outcome", "ok")); v != 2 {
 		t.Errorf("a: sqlfence_cluster_operations_total{op=claim-lane,outcome=ok} = %v, want 2", v)
-	}
-	if v := value(t, reg, "sqlfence_cluster_operations_total", with(lb, "op", "claim-lane", "outcome", "held")); v != 1 {
-		t.Errorf("b: sqlfence_cluster_operations_total{op=claim-lane,outcome=held} = %v, want 1", v)
 	}
 
 	store.ExpireLane("leader", "k2")
@@ -334,6 +330,17 @@ func TestLanes(t *testing.T) {
 	}
 	if n := histogramCount(t, reg, "sqlfence_cluster_operation_duration_seconds", with(la, "op", "release-lane")); n != 1 {
 		t.Errorf("a: sqlfence_cluster_operation_duration_seconds{op=release-lane}: count %d, want 1", n)
+	}
+
+	// b's claim of a lane a holds is refused, and counted as held.
+	if _, err := a.ClaimLaneWith(ctx, nil, "k3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ClaimLaneWith(ctx, nil, "k3"); !errors.Is(err, cluster.ErrLaneHeld) {
+		t.Fatalf("b's claim of a's lane = %v", err)
+	}
+	if v := value(t, reg, "sqlfence_cluster_operations_total", with(lb, "op", "claim-lane", "outcome", "held")); v != 1 {
+		t.Errorf("b: sqlfence_cluster_operations_total{op=claim-lane,outcome=held} = %v, want 1", v)
 	}
 	lint(t, reg)
 }
