@@ -663,22 +663,7 @@ func reportFailover(w io.Writer, r *failoverResult) {
 		handover = r.HandoverTo + " led"
 	}
 	fmt.Fprintf(w, "handover    after the new node shut down: %s\n", handover)
-	if len(r.Anomalies) == 0 {
-		fmt.Fprintf(w, "anomalies   none\n")
-		return
-	}
-	byKind := map[string]int{}
-	for _, a := range r.Anomalies {
-		byKind[a.Kind]++
-	}
-	fmt.Fprintf(w, "anomalies   %d: %s\n", len(r.Anomalies), counts(byKind))
-	for i, a := range r.Anomalies {
-		if i == 30 {
-			fmt.Fprintf(w, "  ... and %d more\n", len(r.Anomalies)-30)
-			break
-		}
-		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
-	}
+	writeAnomalies(w, r.Anomalies)
 }
 
 func grantList(gs []grant) string {

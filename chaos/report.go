@@ -29,22 +29,7 @@ func report(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "beliefs     smallest gap between two processes' beliefs: %s\n", gap)
 	fmt.Fprintf(w, "porcupine   %d operations checked in %v\n", r.Linearized, r.CheckTime.Round(time.Millisecond))
-	if len(r.Anomalies) == 0 {
-		fmt.Fprintf(w, "anomalies   none\n")
-		return
-	}
-	byKind := map[string]int{}
-	for _, a := range r.Anomalies {
-		byKind[a.Kind]++
-	}
-	fmt.Fprintf(w, "anomalies   %d: %s\n", len(r.Anomalies), counts(byKind))
-	for i, a := range r.Anomalies {
-		if i == 30 {
-			fmt.Fprintf(w, "  ... and %d more\n", len(r.Anomalies)-30)
-			break
-		}
-		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
-	}
+	writeAnomalies(w, r.Anomalies)
 }
 
 // counts prints m's entries, the named keys first in that order.
@@ -159,4 +144,25 @@ func durations(ds []time.Duration, what string) string {
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
 	return fmt.Sprintf("%d %s: p50 %v, p99 %v, max %v", len(s), what,
 		q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+// writeAnomalies writes the anomalies line of a summary: "none", or the
+// count by kind and the first 30, one per line.
+func writeAnomalies(w io.Writer, as []anomaly) {
+	if len(as) == 0 {
+		fmt.Fprintf(w, "anomalies   none\n")
+		return
+	}
+	byKind := map[string]int{}
+	for _, a := range as {
+		byKind[a.Kind]++
+	}
+	fmt.Fprintf(w, "anomalies   %d: %s\n", len(as), counts(byKind))
+	for i, a := range as {
+		if i == 30 {
+			fmt.Fprintf(w, "  ... and %d more\n", len(as)-30)
+			break
+		}
+		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
+	}
 }
