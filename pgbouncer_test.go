@@ -324,19 +324,7 @@ func containsAny(s string, subs []string) bool {
 func TestPgBouncerLaneConformance(t *testing.T) {
 	t.Parallel()
 	providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
-		tg := testdb.PgBouncer(t)
-		db := tg.Open(t)
-		initProvider(t, tg, db)
-		return providertest.LaneTarget{
-			Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)).(cluster.LaneStore) },
-			Begin: func(ctx context.Context) (providertest.Tx, error) {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					return nil, err
-				}
-				return providertest.SQLTx(tx), nil
-			},
-		}
+		return sqlLaneTarget(t, testdb.PgBouncer(t))
 	})
 }
 

@@ -48,21 +48,27 @@ func TestDBProviderLaneConformance(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
 			providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
-				tg := testdb.New(t, d)
-				db := tg.Open(t)
-				initProvider(t, tg, db)
-				return providertest.LaneTarget{
-					Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)).(cluster.LaneStore) },
-					Begin: func(ctx context.Context) (providertest.Tx, error) {
-						tx, err := db.BeginTx(ctx, nil)
-						if err != nil {
-							return nil, err
-						}
-						return providertest.SQLTx(tx), nil
-					},
-				}
+				return sqlLaneTarget(t, testdb.New(t, d))
 			})
 		})
+	}
+}
+
+// sqlLaneTarget is the lane suite's target on tg: the default provider,
+// with claims in database/sql transactions.
+func sqlLaneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
+	t.Helper()
+	db := tg.Open(t)
+	initProvider(t, tg, db)
+	return providertest.LaneTarget{
+		Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)).(cluster.LaneStore) },
+		Begin: func(ctx context.Context) (providertest.Tx, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			return providertest.SQLTx(tx), nil
+		},
 	}
 }
 
