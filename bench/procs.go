@@ -91,18 +91,19 @@ func runMember(ctx context.Context, spec string) error {
 		defer out.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 	}
+	trace := os.Getenv("BENCH_TRACE") != ""
 	cfg.LeaseName = m.Lease
 	cfg.LeaseTTL, cfg.HeartbeatInterval = m.TTL, m.Heartbeat
 	cfg.Logger = quietLogger(m.Verbose)
 	cfg.OnTransition = func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			say("acquired %d", e.At.UnixNano())
-			if os.Getenv("BENCH_TRACE") != "" {
+			if trace {
 				fmt.Fprintf(os.Stderr, "trace %d %s acquired event x\n", e.At.UnixNano(), m.ID)
 			}
 		}
 	}
-	if os.Getenv("BENCH_TRACE") != "" {
+	if trace {
 		cfg.Observer = func(o cluster.Operation) {
 			now := time.Now()
 			fmt.Fprintf(os.Stderr, "trace %d %s %s %s start\ntrace %d %s %s %s end\n",
@@ -147,7 +148,7 @@ func runMember(ctx context.Context, spec string) error {
 			say("released %s", errText(err))
 			continue
 		}
-		if os.Getenv("BENCH_TRACE") != "" {
+		if trace {
 			fmt.Fprintf(os.Stderr, "trace %d %s shutdown call start\n", time.Now().UnixNano(), m.ID)
 		}
 		err := c.Shutdown(ctx)
