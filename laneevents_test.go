@@ -164,6 +164,9 @@ func TestLaneSelfFenced(t *testing.T) {
 		}
 		rp.fail.Store(false)
 		waitFor(t, 3*time.Second, "a to own k again", func() bool { return a.OwnsLane("k") })
+		// Events are delivered on a goroutine of their own: OwnsLane can
+		// turn true before the handler has seen lane-acquired.
+		waitFor(t, 2*time.Second, "the third lane event", func() bool { return len(laneEvents(a.events)) >= 3 })
 		want := []string{
 			fmt.Sprintf("lane-acquired k %d", token),
 			fmt.Sprintf("lane-lost k %d self-fenced", token),
