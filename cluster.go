@@ -44,6 +44,10 @@ type Cluster struct {
 	// work is still stopping: the heartbeat keeps renewing it, so no other
 	// node can start the same work until the lease is released.
 	retiring atomic.Pointer[term]
+	// stepMu is held by the heartbeat goroutine through each step, so a
+	// release of this node's own term can wait out a renew in flight
+	// (quiesce).
+	stepMu sync.Mutex
 	// holdUntil is the monotonic time before which a node that resigned
 	// does not campaign.
 	holdUntil atomic.Int64
@@ -108,6 +112,10 @@ type term struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	timer  *time.Timer
+
+	// releasing is set, under Cluster.stepMu, before this node releases
+	// the term itself: the heartbeat renews it no more.
+	releasing bool
 }
 
 // termMargin is how long before the trust-window deadline a term with no
@@ -453,48 +461,47 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.down.Store(true)
 	close(c.downCh)
 	c.stopLookups()
-	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
 	c.waitForWork(ctx, "Shutdown")
 
+	// Release before anything else stops: the followers are waiting for it,
+	// and the rest of the teardown (the heartbeat, the listener, lanes,
+	// membership) concerns this node alone.
+	var err error
+	if t != nil {
+		c.quiesce(t)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
+		start := mono()
+		err = c.provider.Release(rctx, t.lease)
+		cancel()
+		c.record(OpRelease, start, err)
+		reason := ReasonShutdown
+		if err == nil {
+			c.stats.releases.Add(1)
+			c.log.InfoContext(ctx, "cluster: lease released", "fencing_token", t.lease.FencingToken)
+		} else {
+			reason = ReasonReleaseFailed
+			c.log.WarnContext(ctx, "cluster: release on shutdown failed; the lease expires after LeaseTTL",
+				"fencing_token", t.lease.FencingToken, "lease_ttl", c.cfg.LeaseTTL, "err", err)
+			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
+		}
+		c.emit(EventLeaseReleased, t.lease.FencingToken, reason)
+	}
+
+	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
 	c.cancel()
 	c.wg.Wait()
 	c.retiring.Store(nil)
 	c.mu.Lock()
 	unsure := c.unsure
 	c.mu.Unlock()
-
-	var err error
-	if t != nil || (unsure && c.releaser != nil) {
-		l := Lease{Name: c.cfg.LeaseName, Holder: c.cfg.NodeID, Instance: c.instance}
+	if t == nil && unsure && c.releaser != nil {
+		// An acquisition whose answer was lost may have granted a term
+		// whose token we never learnt: release whatever we hold.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
-		if t != nil {
-			l = t.lease
-			start := mono()
-			err = c.provider.Release(rctx, l)
-			c.record(OpRelease, start, err)
-			if err == nil {
-				c.stats.releases.Add(1)
-			}
-		} else {
-			// An acquisition whose answer was lost may have granted a term
-			// whose token we never learnt: release whatever we hold.
-			err = c.releaser.ReleaseInstance(rctx, l.Name, l.Holder, l.Instance)
+		if rerr := c.releaser.ReleaseInstance(rctx, c.cfg.LeaseName, c.cfg.NodeID, c.instance); rerr != nil {
+			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, rerr)
 		}
 		cancel()
-		if t != nil {
-			reason := ReasonShutdown
-			if err != nil {
-				reason = ReasonReleaseFailed
-				c.log.WarnContext(ctx, "cluster: release on shutdown failed; the lease expires after LeaseTTL",
-					"fencing_token", l.FencingToken, "lease_ttl", c.cfg.LeaseTTL, "err", err)
-			} else {
-				c.log.InfoContext(ctx, "cluster: lease released", "fencing_token", l.FencingToken)
-			}
-			c.emit(EventLeaseReleased, l.FencingToken, reason)
-		}
-		if err != nil {
-			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
-		}
 	}
 	c.stopKeeper(ctx) // releases this node's lanes (lanes.go)
 	c.leave(ctx)

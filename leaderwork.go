@@ -194,6 +194,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 	c.mu.Unlock()
 
 	c.waitForWork(ctx, "Resign")
+	c.quiesce(t)
 	err := c.release(context.WithoutCancel(ctx), t.lease)
 	// The hold-off counts from the release: the followers, which try at
 	// least once per heartbeat, get there first.

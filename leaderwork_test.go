@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,4 +246,73 @@ func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 			last = evs[0].FencingToken
 		}
 	})
+}
+
+// A node never releases its term while a renew of it is in flight. On
+// PostgreSQL and MySQL a renew that read the database clock before the
+// release, then waited for the release's row lock, re-checks its condition
+// on the released row, still finds it unexpired by its earlier clock, and
+// extends the lease the release just gave up: the followers it woke are
+// refused until the lease expires. The fake holds one renew in flight while
+// Resign or Shutdown releases.
+func TestReleaseWaitsForRenewInFlight(t *testing.T) {
+	for _, how := range []string{"Resign", "Shutdown"} {
+		t.Run(how, func(t *testing.T) {
+			var inFlight atomic.Int32
+			var overlapped atomic.Bool
+			var hold atomic.Bool
+			held := make(chan struct{}, 1)
+			unblock := make(chan struct{})
+			p := &fakeProvider{
+				RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+					inFlight.Add(1)
+					defer inFlight.Add(-1)
+					if hold.CompareAndSwap(true, false) {
+						held <- struct{}{}
+						select {
+						case <-unblock:
+						case <-ctx.Done():
+							return l, ctx.Err()
+						}
+					}
+					return l, nil
+				},
+				ReleaseFunc: func(context.Context, cluster.Lease) error {
+					if inFlight.Load() > 0 {
+						overlapped.Store(true)
+					}
+					return nil
+				},
+			}
+			a := startFake(t, p)
+			waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+			hold.Store(true)
+			select {
+			case <-held:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no renew within 5s")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				if how == "Resign" {
+					done <- a.Resign(ctx)
+				} else {
+					done <- a.Shutdown(ctx)
+				}
+			}()
+			time.Sleep(50 * time.Millisecond) // long enough for a release that does not wait
+			close(unblock)
+			if err := <-done; err != nil {
+				t.Fatalf("%s: %v", how, err)
+			}
+			if overlapped.Load() {
+				t.Fatalf("%s released the lease while a renew of the same term was in flight", how)
+			}
+			if a.IsLeader() {
+				t.Fatalf("a leads after %s", how)
+			}
+		})
+	}
 }

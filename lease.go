@@ -61,10 +61,15 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 // step makes one attempt to renew or acquire the lease and returns how long
 // to wait before the next.
 func (c *Cluster) step(ctx context.Context) time.Duration {
+	c.stepMu.Lock()
+	defer c.stepMu.Unlock()
 	if t := c.term.Load(); t != nil {
 		return c.renew(ctx, t)
 	}
 	if t := c.retiring.Load(); t != nil {
+		if t.releasing {
+			return c.cfg.HeartbeatInterval // Shutdown or Resign is releasing it
+		}
 		// Shutdown or Resign is waiting for leader work to stop: keep the
 		// lease, so no other node starts that work meanwhile.
 		start := mono()
@@ -305,6 +310,20 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 	c.log.WarnContext(ctx, "cluster: could not verify the database after acquiring the lease; released it",
 		"fencing_token", l.FencingToken, "err", err)
 	return err
+}
+
+// quiesce makes sure that no renew of term t, which has ended, is in
+// flight or follows, before this node releases t from outside the heartbeat
+// goroutine (Shutdown, Resign). A renew that read the database clock before
+// the release and waited for its row lock would otherwise find the row
+// unexpired after the release committed, and extend the released lease
+// (PostgreSQL and MySQL re-check an UPDATE's condition on the row version
+// they waited for, not their clock): the followers the release woke would
+// then be refused until it expired.
+func (c *Cluster) quiesce(t *term) {
+	c.stepMu.Lock() // waits out the step in flight
+	t.releasing = true
+	c.stepMu.Unlock()
 }
 
 // release expires term l in the store, bounded by one heartbeat.
