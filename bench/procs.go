@@ -91,24 +91,17 @@ func runMember(ctx context.Context, spec string) error {
 		defer out.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 	}
-	trace := os.Getenv("BENCH_TRACE") != ""
 	cfg.LeaseName = m.Lease
 	cfg.LeaseTTL, cfg.HeartbeatInterval = m.TTL, m.Heartbeat
 	cfg.Logger = quietLogger(m.Verbose)
 	cfg.OnTransition = func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			say("acquired %d", e.At.UnixNano())
-			if trace {
-				fmt.Fprintf(os.Stderr, "trace %d %s acquired event x\n", e.At.UnixNano(), m.ID)
-			}
+			traceAt(e.At, m.ID, "acquired event x")
 		}
 	}
-	if trace {
-		cfg.Observer = func(o cluster.Operation) {
-			now := time.Now()
-			fmt.Fprintf(os.Stderr, "trace %d %s %s %s start\ntrace %d %s %s %s end\n",
-				now.Add(-o.Duration).UnixNano(), m.ID, o.Kind, o.Outcome, now.UnixNano(), m.ID, o.Kind, o.Outcome)
-		}
+	if tracing {
+		cfg.Observer = func(o cluster.Operation) { traceOp(m.ID, o) }
 	}
 	c, err := cluster.New(ctx, cfg)
 	if err != nil {
@@ -148,9 +141,7 @@ func runMember(ctx context.Context, spec string) error {
 			say("released %s", errText(err))
 			continue
 		}
-		if trace {
-			fmt.Fprintf(os.Stderr, "trace %d %s shutdown call start\n", time.Now().UnixNano(), m.ID)
-		}
+		traceAt(time.Now(), m.ID, "shutdown call start")
 		err := c.Shutdown(ctx)
 		stopWatch()
 		say("leads 0")

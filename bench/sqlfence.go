@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -273,7 +274,11 @@ func (s *sqlfenceSystem) start(ctx context.Context, slot int) error {
 	cfg.OnTransition = func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			report(s.acq, slot, e.At) // At is taken as the term is stored
+			traceAt(e.At, id, "acquired event x")
 		}
+	}
+	if tracing && cfg.Observer == nil {
+		cfg.Observer = func(o cluster.Operation) { traceOp(id, o) }
 	}
 	if s.configure != nil {
 		if err := s.configure(&cfg); err != nil {
@@ -331,8 +336,11 @@ func (s *sqlfenceSystem) release(ctx context.Context, slot int) (bool, error) {
 	if m == nil {
 		return true, errEmptySlot
 	}
+	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "shutdown call start")
 	err := m.c.Shutdown(ctx)
+	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "shutdown call end")
 	m.db.close()
+	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "pool closed end")
 	return true, err
 }
 
