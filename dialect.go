@@ -218,6 +218,16 @@ func chainQuery(q string, ch Chain) string {
 type row struct {
 	holder, instance, endpoint string
 	token, expiresAt, now      int64
+	// cold is set by a dialect that warms sessions (warmer) when the
+	// acquisition ran on a session that has not been warmed.
+	cold bool
+}
+
+// warmer is a dialect whose database sessions grant the lease faster once
+// warmed: after a refused acquisition on a cold session, the provider warms
+// it, so that the session's first grant, a handoff, is not also its slowest.
+type warmer interface {
+	warm(ctx context.Context, conn Querier) error
 }
 
 func (r *row) scan(s Row) error {

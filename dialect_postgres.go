@@ -20,6 +20,7 @@ type postgres struct {
 		queries
 		CurrentSchema string `sql:"current_schema"` // (none)
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
+		Warm          string `sql:"warm"`           // (none)
 		pgLaneQueries
 	}
 }
@@ -27,6 +28,10 @@ type postgres struct {
 func newPostgres(prefix string) dialect {
 	d := &postgres{}
 	loadQueries("postgres_queries.sql", schemaFile("postgres_queries.sql", prefix), &d.q)
+	if strings.Contains(d.q.Acquire, "$grant$") || !strings.Contains(d.q.Warm, "{{acquire}}") {
+		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
+	}
+	d.q.Warm = strings.ReplaceAll(d.q.Warm, "{{acquire}}", d.q.Acquire)
 	return d
 }
 
@@ -63,15 +68,23 @@ func (d *postgres) ddlErrorOK(error) bool { return false }
 
 func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
 	var r row
-	var granted bool
+	var granted, warm bool
 	err := conn.QueryRow(ctx, d.q.Acquire, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name).
-		Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
+		Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now, &warm)
+	r.cold = err == nil && !warm
 	if errors.Is(err, sql.ErrNoRows) {
 		// The row was created concurrently after our snapshot: read who
 		// holds it now.
 		return false, r, r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
 	}
 	return granted, r, err
+}
+
+// warm prepares conn's database session for its first grant (the warm
+// query), after an acquisition on it was refused.
+func (d *postgres) warm(ctx context.Context, conn Querier) error {
+	_, err := conn.Exec(ctx, d.q.Warm)
+	return err
 }
 
 func (d *postgres) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {

@@ -318,6 +318,11 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		// snapshot, MySQL's read after the UPDATE). Try again: the winner
 		// has committed by now, so we learn who leads, or win.
 		if r.expiresAt > r.now || attempt == 2 {
+			if w, ok := p.d.(warmer); ok && r.cold {
+				if err := w.warm(ctx, conn); err != nil {
+					p.log.DebugContext(ctx, "cluster: warming the database session for its first grant failed; it grants all the same, a little slower", "err", err)
+				}
+			}
 			return Lease{}, r.held()
 		}
 	}

@@ -14,7 +14,8 @@ import (
 // countingConnector counts the statements sent through its connections.
 type countingConnector struct {
 	driver.Connector
-	n *atomic.Int64
+	n    *atomic.Int64
+	only func(query string) bool // counts only these; nil: all
 }
 
 func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -22,7 +23,7 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return countingConn{conn.(fullConn), c.n}, nil
+	return countingConn{conn.(fullConn), c.n, c.only}, nil
 }
 
 type fullConn interface {
@@ -34,16 +35,23 @@ type fullConn interface {
 
 type countingConn struct {
 	fullConn
-	n *atomic.Int64
+	n    *atomic.Int64
+	only func(string) bool
+}
+
+func (c countingConn) count(q string) {
+	if c.only == nil || c.only(q) {
+		c.n.Add(1)
+	}
 }
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.n.Add(1)
+	c.count(q)
 	return c.fullConn.ExecContext(ctx, q, args)
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.n.Add(1)
+	c.count(q)
 	return c.fullConn.QueryContext(ctx, q, args)
 }
 
@@ -59,6 +67,13 @@ func (c dsnConnector) Driver() driver.Driver                        { return c.d
 // openCounting opens tg through a connector that counts statements.
 func openCounting(t *testing.T, tg testdb.Target, n *atomic.Int64) *sql.DB {
 	t.Helper()
+	return openCountingOnly(t, tg, n, nil)
+}
+
+// openCountingOnly is openCounting that counts only the statements only
+// accepts.
+func openCountingOnly(t *testing.T, tg testdb.Target, n *atomic.Int64, only func(query string) bool) *sql.DB {
+	t.Helper()
 	base := tg.Open(t)
 	var conn driver.Connector = dsnConnector{tg.DSN, base.Driver()}
 	if dc, ok := base.Driver().(driver.DriverContext); ok {
@@ -68,7 +83,7 @@ func openCounting(t *testing.T, tg testdb.Target, n *atomic.Int64) *sql.DB {
 		}
 		conn = c
 	}
-	db := sql.OpenDB(countingConnector{conn, n})
+	db := sql.OpenDB(countingConnector{conn, n, only})
 	t.Cleanup(func() { db.Close() })
 	return db
 }

@@ -1,0 +1,64 @@
+package cluster_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// On PostgreSQL a follower whose acquisition is refused warms its database
+// session for the session's first grant (the warm query in
+// schema/postgres_queries.sql): once per session, and without a trace: no
+// scratch lease row or high-water mark is left, and the real lease's
+// fencing tokens go on from where they were.
+func TestFollowerWarmsItsSessionOnce(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	a := start(t, tg, "a")
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+
+	var warmUps atomic.Int64
+	db := openCountingOnly(t, tg, &warmUps, func(q string) bool { return strings.HasPrefix(strings.TrimSpace(q), "DO $warm$") })
+	db.SetMaxOpenConns(1) // one database session: every attempt of b runs on it
+	b := startOn(t, tg, db, "b")
+	// b polls once per heartbeat; a few refused attempts.
+	waitFor(t, 5*time.Second, "b to make refused attempts", func() bool { return b.Stats().Acquisitions == 0 && warmUps.Load() > 0 })
+	time.Sleep(5 * testdb.Heartbeat) // more refused attempts on the warmed session
+	if n := warmUps.Load(); n != 1 {
+		t.Fatalf("b warmed its one session %d times; want once", n)
+	}
+	ctx := context.Background()
+	var mark string
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('sqlfence.' || $1 || 'warm', true)", tg.Prefix).Scan(&mark); err != nil || mark != "1" {
+		t.Fatalf("b's session is not marked warm: %q, %v", mark, err)
+	}
+
+	admin := tg.Open(t)
+	var leases, marks int
+	if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM "+tg.Prefix+"lease").Scan(&leases); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM "+tg.Prefix+"high_water WHERE scope LIKE 'lease/%'").Scan(&marks); err != nil {
+		t.Fatal(err)
+	}
+	if leases != 1 || marks != 1 {
+		t.Fatalf("after the warm-up: %d lease rows and %d lease marks; want 1 and 1 (the warm-up must leave nothing)", leases, marks)
+	}
+
+	token := a.FencingToken()
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "b to lead", b.IsLeader)
+	if got := b.FencingToken(); got != token+1 {
+		t.Fatalf("b's fencing token = %d after a's %d; want %d", got, token, token+1)
+	}
+	if n := warmUps.Load(); n != 1 {
+		t.Fatalf("%d warm-ups after b's grant; want still 1", n)
+	}
+}
