@@ -392,11 +392,15 @@ func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 // for the handlers' goroutine. A nil f is ignored.
 func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 
-// Shutdown stops the heartbeat, releases the lease if this node holds it,
+// Shutdown ends this node's term, waits for its leader work to return,
+// releases the lease if this node held it (first, before the rest of the
+// teardown, since the followers wait for it), stops the heartbeat,
 // delivers the final lease-released event, and waits for every goroutine
 // of the Cluster to exit. After Shutdown, IsLeader is false for good.
 //
-// The release runs on a context the caller cannot cancel, bounded by
+// The release waits for a renew of the term in flight to return (a renew
+// answered after the release could extend the released lease), then runs
+// on a context the caller cannot cancel, bounded by
 // [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
 // ctx bounds only the waits for transition handlers and for a Shutdown
 // already in progress. Shutdown is idempotent: a later call waits for the
