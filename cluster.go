@@ -467,9 +467,11 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.stopLookups()
 	c.waitForWork(ctx, "Shutdown")
 
-	// Release before anything else stops: the followers are waiting for it,
-	// and the rest of the teardown (the heartbeat, the listener, lanes,
-	// membership) concerns this node alone.
+	// Stop the heartbeat, the listener and the lookups (their statements in
+	// flight are cancelled), and release without waiting for them to
+	// exit: the followers are waiting for the release, and the rest of the
+	// teardown concerns this node alone.
+	c.cancel()
 	var err error
 	if t != nil {
 		c.quiesce(t)
@@ -492,7 +494,6 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	}
 
 	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
-	c.cancel()
 	c.wg.Wait()
 	c.retiring.Store(nil)
 	c.mu.Lock()

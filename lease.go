@@ -314,7 +314,8 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 
 // quiesce makes sure that no renew of term t, which has ended, is in
 // flight or follows, before this node releases t from outside the heartbeat
-// goroutine (Shutdown, Resign). A renew that read the database clock before
+// goroutine (Shutdown, which cancels the heartbeat's context first, and
+// Resign). A renew that read the database clock before
 // the release and waited for its row lock would otherwise find the row
 // unexpired after the release committed, and extend the released lease
 // (PostgreSQL and MySQL re-check an UPDATE's condition on the row version
