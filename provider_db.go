@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -47,7 +48,19 @@ type DBProvider struct {
 	// saw, so that a claim of another lane creates its row first; see
 	// ClaimLane.
 	laneRows sync.Map
+	// warmPause is the unix time (ns) before which no warm-up is tried:
+	// one that fails, by a timeout say, may cost its connection, and one
+	// tried on every attempt would then cost one on every attempt.
+	warmPause atomic.Int64
 }
+
+const (
+	// warmBudget is the least time an attempt's context must have left
+	// for a warm-up to run on its connection.
+	warmBudget = 50 * time.Millisecond
+	// warmPauseAfterFailure is how long a failed warm-up stops others.
+	warmPauseAfterFailure = time.Minute
+)
 
 var (
 	_ Provider         = (*DBProvider)(nil)
@@ -318,14 +331,28 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		// snapshot, MySQL's read after the UPDATE). Try again: the winner
 		// has committed by now, so we learn who leads, or win.
 		if r.expiresAt > r.now || attempt == 2 {
-			if w, ok := p.d.(warmer); ok && r.cold {
+			if w, ok := p.d.(warmer); ok && r.cold && p.mayWarm(ctx) {
 				if err := w.warm(ctx, conn); err != nil {
-					p.log.DebugContext(ctx, "cluster: warming the database session for its first grant failed; it grants all the same, a little slower", "err", err)
+					p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
+					p.log.DebugContext(ctx, "cluster: warming the database session for its first grant failed; it grants all the same, a little slower; no warm-up for a while",
+						"pause", warmPauseAfterFailure, "err", err)
 				}
 			}
 			return Lease{}, r.held()
 		}
 	}
+}
+
+// mayWarm reports whether a warm-up may run now on an attempt's connection
+// whose context is ctx: not within warmPauseAfterFailure of a failed one,
+// and only with warmBudget left, so that it does not run the attempt's
+// context out and cost the connection.
+func (p *DBProvider) mayWarm(ctx context.Context) bool {
+	if time.Now().UnixNano() < p.warmPause.Load() {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return !ok || time.Until(dl) >= warmBudget
 }
 
 // Renew implements [Provider].

