@@ -34,6 +34,10 @@ func TestFenceRefusesStaleLeader(t *testing.T) {
 
 		expireLease(t, tg, a.db)
 		b := start(t, tg, "b")
+		// b's first attempt may time out on a loaded machine (a new
+		// connection can take longer than its heartbeat); a renews only
+		// every 2s, so it still believes meanwhile.
+		waitFor(t, time.Second, "b to lead", b.IsLeader)
 		if !b.IsLeader() || !a.IsLeader() {
 			t.Fatalf("setup: want both to believe they lead; a %v, b %v", a.IsLeader(), b.IsLeader())
 		}

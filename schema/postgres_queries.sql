@@ -47,11 +47,11 @@ WHERE l.name = $5 AND NOT EXISTS (SELECT 1 FROM granted);
 -- name: warm
 -- args: (none; {{acquire}} is the acquire query above).
 -- Run by a follower whose acquisition was refused on a database session
--- that has not run it yet. A session's first grant costs two to three
--- times a later one (about 3 ms against 1 ms on a 2-core machine): it
--- compiles the trigger functions a grant fires (lease_guard's update path,
--- lease_mark, high_water_guard) and plans their statements, which a refused
--- attempt never reaches. That grant is the handoff everyone waits for, so
+-- that has not run it yet. A session's first grant costs about twice a
+-- later one (bench/pgbench/firstgrant.sh): it compiles the trigger
+-- functions a grant fires (lease_guard's update path, lease_mark,
+-- high_water_guard) and plans their statements, which a refused attempt
+-- never reaches. That grant is the handoff everyone waits for, so
 -- the follower pays it beforehand: the real acquire query grants a scratch
 -- lease twice (inserted, then granted again over its expired term) inside
 -- a subtransaction that is rolled back, so nothing is left, no fencing
