@@ -56,7 +56,10 @@ WHERE l.name = $5 AND NOT EXISTS (SELECT 1 FROM granted);
 -- lease twice (inserted, then granted again over its expired term) inside
 -- a subtransaction that is rolled back, so nothing is left, no fencing
 -- token of a real lease moves and no real row is locked. The scratch name
--- begins with a space, which no Config.LeaseName may. Best effort: any
+-- begins with a space, which no Config.LeaseName may, and ends with
+-- {{scratch}}, random hex digits of the provider's own, so that followers
+-- warming up at once do not wait on one another's scratch row (through a
+-- pooler, a wait would hold a server connection). Best effort: any
 -- error rolls the subtransaction back the same way, and the session is
 -- marked done either way (a session-level setting named after the table
 -- prefix), so it runs once per session. One statement: nothing is held
@@ -65,8 +68,8 @@ DO $warm$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     BEGIN
-        EXECUTE $grant$ {{acquire}} $grant$ USING ''::text, ''::text, 0::bigint, ''::text, ' sqlfence warm-up'::text;
-        EXECUTE $grant$ {{acquire}} $grant$ USING ''::text, ''::text, 0::bigint, ''::text, ' sqlfence warm-up'::text;
+        EXECUTE $grant$ {{acquire}} $grant$ USING ''::text, ''::text, 0::bigint, ''::text, ' sqlfence warm-up {{scratch}}'::text;
+        EXECUTE $grant$ {{acquire}} $grant$ USING ''::text, ''::text, 0::bigint, ''::text, ' sqlfence warm-up {{scratch}}'::text;
         RAISE EXCEPTION 'sqlfence: warm-up done; rolling it back';
     EXCEPTION WHEN OTHERS THEN
         NULL;

@@ -38,6 +38,7 @@ acquire=$(query acquire)
 grant=$(printf '%s' "$acquire" | sed "s/\$1/'h'/g; s/\$2/'i'/g; s/\$3/2000/g; s/\$4/''/g; s/\$5/'x'/g")
 warm=$(query warm)
 warm=${warm//'{{acquire}}'/$acquire}
+warm=${warm//'{{scratch}}'/0123456789abcdef}
 hold="UPDATE pgb_lease SET expires_at = 9000000000000000 WHERE name = 'x';"
 free="UPDATE pgb_lease SET expires_at = 0 WHERE name = 'x';"
 
