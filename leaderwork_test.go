@@ -316,3 +316,29 @@ func TestReleaseWaitsForRenewInFlight(t *testing.T) {
 		})
 	}
 }
+
+// An acquisition answered after a heartbeat, but well within FenceTimeout,
+// is kept: its term's trust window counts from the attempt's start. Bounded
+// by one heartbeat, as it was, such an attempt committed after its caller
+// gave up, and the next one found the lease held by the node itself,
+// released it and tried again, as slowly: on a database slowed down by
+// load (1000 members through PgBouncer), no node led for seconds.
+func TestSlowAcquisitionIsKept(t *testing.T) {
+	book := newLeaseBook()
+	p := book.provider()
+	grant := p.AcquireFunc
+	p.AcquireFunc = func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		l, err := grant(ctx, r) // committed now; the answer is slow
+		select {
+		case <-time.After(testdb.Heartbeat * 3 / 2):
+			return l, err
+		case <-ctx.Done():
+			return cluster.Lease{}, ctx.Err()
+		}
+	}
+	a := startFake(t, p)
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+	if tok := a.FencingToken(); tok != 1 {
+		t.Fatalf("a leads with fencing token %d; want the first grant, 1", tok)
+	}
+}

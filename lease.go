@@ -198,7 +198,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		}
 	}
 	start := mono()
-	actx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	actx, cancel := context.WithTimeout(ctx, c.acquireTimeout())
 	l, err := c.provider.Acquire(actx, LeaseRequest{
 		Name:     c.cfg.LeaseName,
 		Holder:   c.cfg.NodeID,
@@ -283,6 +283,19 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.log.WarnContext(ctx, "cluster: acquire failed", "err", err)
 		return c.cfg.HeartbeatInterval
 	}
+}
+
+// acquireTimeout bounds one acquisition. A grant is worth having as long
+// as its answer comes before FenceTimeout has passed since the attempt
+// began, for the term's trust window counts from there; so the bound is
+// most of FenceTimeout, not one heartbeat. On a database slowed down by
+// load, an attempt bounded by one heartbeat could commit after its caller
+// gave up; the next attempt then finds the lease held by this very
+// instance, cannot trust a term whose start it does not know, releases it
+// and tries again, to be too slow again: no leader at all while the load
+// lasts.
+func (c *Cluster) acquireTimeout() time.Duration {
+	return max(c.cfg.HeartbeatInterval, c.cfg.FenceTimeout-c.cfg.FenceTimeout/10)
 }
 
 // verifyAcquired runs the rollback checks for a freshly acquired lease l.
