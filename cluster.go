@@ -475,11 +475,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	var err error
 	if t != nil {
 		c.quiesce(t)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
-		start := mono()
-		err = c.provider.Release(rctx, t.lease)
-		cancel()
-		c.record(OpRelease, start, err)
+		err = c.release(ctx, t.lease)
 		reason := ReasonShutdown
 		if err == nil {
 			c.stats.releases.Add(1)

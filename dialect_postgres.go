@@ -2,9 +2,7 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -33,9 +31,7 @@ func newPostgres(prefix string) dialect {
 	if strings.Contains(d.q.Acquire, "$grant$") || !strings.Contains(d.q.Warm, "{{acquire}}") {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
-	scratch := make([]byte, 8)
-	rand.Read(scratch)
-	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", hex.EncodeToString(scratch)).Replace(d.q.Warm)
+	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", newInstanceID()).Replace(d.q.Warm)
 	return d
 }
 

@@ -11,6 +11,10 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
+// isWarmUp reports whether query is the warm-up statement (the warm query
+// of schema/postgres_queries.sql).
+func isWarmUp(query string) bool { return strings.HasPrefix(strings.TrimSpace(query), "DO $warm$") }
+
 // On PostgreSQL a follower whose acquisition is refused warms its database
 // session for the session's first grant (the warm query in
 // schema/postgres_queries.sql): once per session, and without a trace: no
@@ -23,7 +27,7 @@ func TestFollowerWarmsItsSessionOnce(t *testing.T) {
 	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
 
 	var warmUps atomic.Int64
-	db := openCountingOnly(t, tg, &warmUps, func(q string) bool { return strings.HasPrefix(strings.TrimSpace(q), "DO $warm$") })
+	db := openCountingOnly(t, tg, &warmUps, isWarmUp)
 	db.SetMaxOpenConns(1) // one database session: every attempt of b runs on it
 	b := startOn(t, tg, db, "b")
 	// b polls once per heartbeat; a few refused attempts.
@@ -84,7 +88,7 @@ type failingWarmConn struct {
 }
 
 func (c failingWarmConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	if strings.HasPrefix(strings.TrimSpace(query), "DO $warm$") {
+	if isWarmUp(query) {
 		c.tries.Add(1)
 		return 0, context.DeadlineExceeded
 	}

@@ -336,11 +336,12 @@ func (s *sqlfenceSystem) release(ctx context.Context, slot int) (bool, error) {
 	if m == nil {
 		return true, errEmptySlot
 	}
-	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "shutdown call start")
+	who := s.label + "-" + strconv.Itoa(slot)
+	traceAt(time.Now(), who, "shutdown call start")
 	err := m.c.Shutdown(ctx)
-	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "shutdown call end")
+	traceAt(time.Now(), who, "shutdown call end")
 	m.db.close()
-	traceAt(time.Now(), s.label+"-"+strconv.Itoa(slot), "pool closed end")
+	traceAt(time.Now(), who, "pool closed end")
 	return true, err
 }
 
