@@ -1,5 +1,7 @@
 package cluster
 
+import "time"
+
 // Hooks for the external tests (package cluster_test).
 
 // MonoAfter is monoAfter, the saturating sum behind every deadline on the
@@ -18,4 +20,13 @@ func ResetDefault() {
 	setState(nil) // also ends single-node work
 	std.handlers = nil
 	std.init = nil
+}
+
+// SetSuccessorLead sets how long a woken follower that is not the named
+// successor waits, until the test ends. Only for tests that do not run in
+// parallel.
+func SetSuccessorLead(t interface{ Cleanup(func()) }, d time.Duration) {
+	was := successorLead
+	successorLead = d
+	t.Cleanup(func() { successorLead = was })
 }

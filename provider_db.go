@@ -375,20 +375,42 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 
 // Release implements [Provider]. It wakes the followers that listen.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	err := p.exec(ctx, "release lease "+quote(l.Name), p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
-	if err == nil {
-		p.announce(l.Name, l.Instance)
-	}
+	_, err := p.release(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	return err
 }
 
 // ReleaseInstance implements [InstanceReleaser].
 func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
-	err := p.exec(ctx, "release lease "+quote(name), p.q.ReleaseInstance, name, holder, instance)
-	if err == nil {
-		p.announce(name, instance)
-	}
+	_, err := p.release(ctx, name, instance, p.q.ReleaseInstance, name, holder, instance)
 	return err
+}
+
+// release runs release statement q on the lease named name, held by
+// instance ("" when not known), and wakes this process's other watchers of
+// it. Where releases notify, the statement returns the holder's instance
+// and the successor it named, one row when it ended a term and none
+// otherwise, and release reports whether it ended one; elsewhere it
+// reports true.
+func (p *DBProvider) release(ctx context.Context, name, instance, q string, args ...any) (bool, error) {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	var successor string
+	if p.d.notifies() {
+		err = conn.QueryRow(ctx, p.d.bound(q, statementLimit(ctx)), args...).Scan(&instance, &successor)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+	} else {
+		_, err = conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)
+	}
+	if err != nil {
+		return false, p.wrap("release lease "+quote(name), err)
+	}
+	p.announce(name, instance, successor)
+	return true, nil
 }
 
 // exec runs a lease statement, bounded on the server, on a connection of
@@ -677,6 +699,9 @@ func (p *DBProvider) Tips(ctx context.Context) ([]ChainTip, error) {
 // (its next renew fails), and the database refuses its fenced writes at
 // once. For operators (clusterctl release -force).
 func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error) {
+	if p.d.notifies() {
+		return p.release(ctx, name, "", p.q.LeaseExpire, name)
+	}
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return false, err
@@ -687,7 +712,7 @@ func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error
 		return false, p.wrap("release lease "+quote(name), err)
 	}
 	if n == 1 {
-		p.announce(name, "")
+		p.announce(name, "", "")
 	}
 	return n == 1, nil
 }

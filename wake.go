@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 )
@@ -38,8 +40,17 @@ var localReleases = struct {
 
 type localWaiter struct {
 	instance string
-	wake     func()
+	hear     func(successor string)
 }
+
+// successorLead is how long a woken follower that is not the named
+// successor waits before it tries: long enough for the successor's grant
+// to commit first on a healthy database, so that the others find the
+// lease held (and sleep until it expires) instead of queueing on the row
+// behind the successor; short enough that a successor that is gone costs
+// little. Each waits a random time in [successorLead, 2*successorLead),
+// so that they do not arrive together either. A variable for the tests.
+var successorLead = 10 * time.Millisecond
 
 // releaseKey names a lease in one database; "" when the database could not
 // be named (then nothing is woken in process).
@@ -50,18 +61,25 @@ func (p *DBProvider) releaseKey(name string) string {
 	return p.identity + "\x00" + p.prefix + "\x00" + name
 }
 
-// announce wakes the local watchers of lease name, but instance's own.
-func (p *DBProvider) announce(name, instance string) {
+// announce tells the local watchers of lease name, but the holder's own,
+// that it was released. successor is the instance the release named to
+// try first, or "" when it named none: then one local watcher is the
+// successor.
+func (p *DBProvider) announce(name, holder, successor string) {
 	key := p.releaseKey(name)
 	if key == "" {
 		return
 	}
 	localReleases.Lock()
 	defer localReleases.Unlock()
-	for w := range localReleases.m[key] {
-		if w.instance != instance {
-			w.wake()
+	for w := range localReleases.m[key] { // in random order
+		if w.instance == holder {
+			continue
 		}
+		if successor == "" {
+			successor = w.instance
+		}
+		w.hear(successor)
 	}
 }
 
@@ -69,10 +87,14 @@ func (p *DBProvider) announce(name, instance string) {
 // heard through memory, and on PostgreSQL, when the Pool is a
 // [ListenPool], releases by other processes through LISTEN on channel
 // <prefix>lease (the release statement NOTIFYs it), reconnecting after a
-// failure while ctx lasts.
+// failure while ctx lasts. A release names one successor, which is woken at
+// once; the others are woken successorLead to twice that later, so that
+// they find the successor's term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
+	hear, stop := designated(instance, wake)
+	defer stop()
 	if key := p.releaseKey(name); key != "" {
-		w := &localWaiter{instance: instance, wake: wake}
+		w := &localWaiter{instance: instance, hear: hear}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
 			localReleases.m[key] = map[*localWaiter]struct{}{}
@@ -96,8 +118,12 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 	channel := p.prefix + "lease"
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		err := lp.Listen(ctx, channel, func() { live(true) }, func(payload string) {
-			if payload == name {
-				wake()
+			// The payload is the lease name, then a newline and the
+			// successor's instance when the release named one; a name
+			// holds no newline (Config.LeaseName).
+			lease, successor, _ := strings.Cut(payload, "\n")
+			if lease == name {
+				hear(successor)
 			}
 		})
 		live(false)
@@ -113,6 +139,43 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 	}
 }
 
+// designated returns how the watcher of instance hears a release that
+// names successor: it calls wake at once when successor is instance or
+// "" (a release that named none), else after a random delay in
+// [successorLead, 2*successorLead), once however many releases it hears
+// meanwhile. stop cancels a pending wake.
+func designated(instance string, wake func()) (hear func(successor string), stop func()) {
+	var mu sync.Mutex
+	var pending *time.Timer
+	var due time.Time
+	hear = func(successor string) {
+		if successor == "" || successor == instance {
+			wake()
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Now().Before(due) {
+			return // a wake is pending already
+		}
+		d := successorLead + rand.N(successorLead)
+		due = time.Now().Add(d)
+		if pending == nil {
+			pending = time.AfterFunc(d, wake)
+		} else {
+			pending.Reset(d)
+		}
+	}
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if pending != nil {
+			pending.Stop()
+		}
+	}
+	return hear, stop
+}
+
 // watchReleases is the goroutine that hears releases for a candidate.
 func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 	defer c.wg.Done()
@@ -123,8 +186,14 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 		}
 	}
 	live := func(on bool) {
-		if was := c.hearing.Swap(on); was && !on {
-			wake() // a follower sleeping until the lease's expiry polls again now
+		// Either way a follower tries now. When the listener stops, one
+		// sleeping until the lease's expiry must poll again. When it
+		// starts, it has taken a connection from the pool, often the one
+		// the attempts ran on, which the warm-up had prepared (provider_db.go):
+		// the attempt opens and warms the connection the next handoff
+		// runs on, instead of the handoff waiting for a connection.
+		if was := c.hearing.Swap(on); was != on {
+			wake()
 		}
 	}
 	if err := w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live); err != nil {

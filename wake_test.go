@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,4 +77,87 @@ func TestReleaseLeavesSynchronousCommitAlone(t *testing.T) {
 	if after != before {
 		t.Fatalf("synchronous_commit on the release's connection is %q after the release, %q before", after, before)
 	}
+}
+
+// A release wakes one follower first, the successor it names; the others
+// try only after successorLead, and find the successor leading instead of
+// queueing on the row behind it. (Not parallel: it lengthens the lead to a
+// bound no loaded machine reaches, so the order it checks is not timing.)
+func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
+	const lead = 400 * time.Millisecond
+	cluster.SetSuccessorLead(t, lead)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		slow := func(c *cluster.Config) {
+			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+		}
+		type attempt struct {
+			node    string
+			started time.Time
+			outcome cluster.Outcome
+		}
+		var mu sync.Mutex
+		var attempts []attempt
+		observe := func(id string) func(*cluster.Config) {
+			return func(c *cluster.Config) {
+				c.Observer = func(o cluster.Operation) {
+					if o.Kind == cluster.OpAcquire {
+						mu.Lock()
+						attempts = append(attempts, attempt{id, time.Now().Add(-o.Duration), o.Outcome})
+						mu.Unlock()
+					}
+				}
+			}
+		}
+		a := start(t, tg, "a", slow)
+		followers := map[string]*node{}
+		for _, id := range []string{"b", "c", "d"} {
+			followers[id] = start(t, tg, id, slow, observe(id))
+		}
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		// Each follower has made its first attempt (in New): the next poll
+		// is a heartbeat (5s) away.
+		mu.Lock()
+		attempts = nil
+		mu.Unlock()
+		released := time.Now()
+		if err := a.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var winner string
+		waitFor(t, 3*time.Second, "a follower to take over when a resigned", func() bool {
+			for id, n := range followers {
+				if n.IsLeader() {
+					winner = id
+					return true
+				}
+			}
+			return false
+		})
+		// The others' delayed attempts: each waits lead to 2*lead.
+		waitFor(t, 3*time.Second, "every follower to try", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(attempts) >= 3
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		for _, at := range attempts {
+			after := at.started.Sub(released).Round(time.Millisecond)
+			t.Logf("%s tried %v after the release: %v", at.node, after, at.outcome)
+			switch {
+			case at.node == winner && at.outcome == cluster.OutcomeOK:
+				if after >= lead {
+					t.Errorf("the successor %s tried %v after the release, not at once", at.node, after)
+				}
+			case at.node == winner:
+				t.Errorf("the successor %s was refused before it led: %v", at.node, at.outcome)
+			case at.outcome != cluster.OutcomeHeld:
+				t.Errorf("%s, not the successor, got %v, want the lease held", at.node, at.outcome)
+			case after < lead*3/4:
+				t.Errorf("%s, not the successor, tried %v after the release, before the successor's lead (%v) was over", at.node, after, lead)
+			}
+		}
+	})
 }

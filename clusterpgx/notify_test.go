@@ -100,6 +100,17 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	waitFor(t, 5*time.Second, "the listeners to come back", func() bool { return b.Stats().HearingReleases })
 }
 
+// waitUntil polls cond until it holds or timeout passes, and reports
+// whether it held.
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	for start := time.Now(); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Since(start) > timeout {
+			return false
+		}
+	}
+	return true
+}
+
 // waitFor polls cond until it holds, failing the test after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
@@ -173,5 +184,115 @@ func TestListeningFollowersStatements(t *testing.T) {
 	}
 	if polling < 3*ttls {
 		t.Errorf("the polling follower made only %d statements in %d heartbeats: is the count working?", polling, ttls*10)
+	}
+}
+
+// A release's notification names the successor: the active member seen
+// most recently, never the node whose term ended. That node takes over;
+// the others try later (wake.go). An operator's forced release names one
+// too, never the holder.
+func TestReleaseNotifiesSuccessor(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, `LISTEN "`+tg.Prefix+`lease"`); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no notification within 3s: %v", err)
+		}
+		return n.Payload
+	}
+
+	nodes := map[string]*cluster.Cluster{}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		nodes[id] = node(t, tg, newPool(t, tg, 0), id, longPoll)
+	}
+	if !nodes["a"].IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	for _, id := range []string{"b", "c", "d"} {
+		waitFor(t, 3*time.Second, id+" to hear releases", func() bool { return nodes[id].Stats().HearingReleases })
+	}
+	time.Sleep(300 * time.Millisecond) // for the attempt each follower makes once it hears
+	// The successor a release should name, read just before it.
+	successor := func(holder string) (id, instance string) {
+		t.Helper()
+		ms, err := nodes["a"].Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var best cluster.Member
+		for _, m := range ms {
+			if m.NodeID != holder && m.Status == "active" && m.LastSeen.After(best.LastSeen) {
+				best = m
+			}
+		}
+		return best.NodeID, best.Instance
+	}
+
+	want, instance := successor("a")
+	if err := nodes["a"].Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "leader\n"+instance {
+		t.Fatalf("the release notified %q, want %q: the lease name and the instance of %s, the member seen last", got, "leader\n"+instance, want)
+	}
+	if !waitUntil(2*time.Second, nodes[want].IsLeader) {
+		for id, n := range nodes {
+			t.Logf("%s leads: %v; %+v", id, n.IsLeader(), n.Stats())
+		}
+		t.Fatalf("the named successor %s did not take over within 2s", want)
+	}
+
+	// clusterctl release -force: the holder is not named. (The others'
+	// attempts after the release, which refresh their membership, are over.)
+	time.Sleep(300 * time.Millisecond)
+	want, instance = successor(want)
+	p := provider(t, tg, newPool(t, tg, 0))
+	if err := p.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released, err := p.ForceRelease(ctx, "leader")
+	if err != nil || !released {
+		t.Fatalf("ForceRelease = %v, %v; want true, nil", released, err)
+	}
+	if got := next(); got != "leader\n"+instance {
+		t.Fatalf("the forced release notified %q, want %q (%s)", got, "leader\n"+instance, want)
+	}
+	if released, err := p.ForceRelease(ctx, "nobody"); err != nil || released {
+		t.Fatalf("ForceRelease of a lease never held = %v, %v; want false, nil", released, err)
+	}
+}
+
+// A follower tries once more as soon as it listens: the listener took a
+// connection from its pool, likely the one its first attempt warmed up, and
+// this attempt opens and warms the one the next handoff runs on.
+func TestFollowerTriesOnceListening(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	pool := newPool(t, tg, 0)
+	node(t, tg, newPool(t, tg, 0), "a", longPoll)
+	var attempts atomic.Int64
+	b := node(t, tg, pool, "b", func(c *cluster.Config) {
+		longPoll(c)
+		c.Observer = func(o cluster.Operation) {
+			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
+				attempts.Add(1)
+			}
+		}
+	})
+	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
+	waitFor(t, time.Second, "b's attempt once it listens (its poll is a TTL, 6s, away)", func() bool { return attempts.Load() >= 2 })
+	if st := pool.Stat(); st.IdleConns() == 0 {
+		t.Errorf("b's pool has no idle connection beside the listener's: %d in all, %d acquired", st.TotalConns(), st.AcquiredConns())
 	}
 }

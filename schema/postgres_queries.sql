@@ -96,8 +96,14 @@ RETURNING l.expires_at;
 
 -- name: release
 -- args: name, holder, instance, token. A release that ends a term tells
--- the listening followers at once (NOTIFY on channel {{prefix}}lease, the
--- lease name as payload; delivered when the statement commits).
+-- the listening followers at once (NOTIFY on channel {{prefix}}lease;
+-- delivered when the statement commits) and names its successor: the
+-- payload is the lease name, then a newline and the instance of the active
+-- member seen most recently (one line only when there is none). The
+-- successor tries at once and the others a few milliseconds later, so that
+-- they do not queue on the row behind it (wake.go). Returns the instance
+-- that held the term and the successor ('' for none): one row when a term
+-- ended, none otherwise.
 -- It commits without waiting for its WAL to reach the disk
 -- (synchronous_commit off for this transaction only), which takes a
 -- flush off every handoff: a release lost in a server crash leaves the
@@ -112,13 +118,20 @@ WITH clock AS (
     FROM clock c
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
       AND l.expires_at > c.now_ms
-    RETURNING l.name
+    RETURNING l.name, l.instance
+), successor AS (
+    SELECT COALESCE((
+        SELECT n.instance FROM {{prefix}}nodes n, released r
+        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
+        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
 )
-SELECT pg_notify('{{prefix}}lease', name) FROM released;
+SELECT r.instance, s.instance
+FROM released r, successor s,
+     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
 
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
--- committing as release does.
+-- committing, notifying and returning as release does.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
            set_config('synchronous_commit', 'off', true) AS async
@@ -128,9 +141,16 @@ WITH clock AS (
     FROM clock c
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
       AND l.expires_at > c.now_ms
-    RETURNING l.name
+    RETURNING l.name, l.instance
+), successor AS (
+    SELECT COALESCE((
+        SELECT n.instance FROM {{prefix}}nodes n, released r
+        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
+        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
 )
-SELECT pg_notify('{{prefix}}lease', name) FROM released;
+SELECT r.instance, s.instance
+FROM released r, successor s,
+     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -259,16 +279,24 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 
 -- name: lease_expire
 -- args: name. An operator ends the current term at once (clusterctl
--- release -force); the token is kept; the followers are told.
+-- release -force); the token is kept; the followers are told, and the
+-- successor returned, as by release (never the holder itself).
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ), expired AS (
     UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
     FROM clock c
     WHERE l.name = $1 AND l.expires_at > c.now_ms
-    RETURNING l.name
+    RETURNING l.name, l.instance
+), successor AS (
+    SELECT COALESCE((
+        SELECT n.instance FROM {{prefix}}nodes n, expired r
+        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
+        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
 )
-SELECT pg_notify('{{prefix}}lease', name) FROM expired;
+SELECT r.instance, s.instance
+FROM expired r, successor s,
+     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
