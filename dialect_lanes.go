@@ -112,8 +112,7 @@ func (d *sqlite) bumpConfig(ctx context.Context, conn Querier, scope string) (in
 func (d *mySQL) claimLane(ctx context.Context, tx Querier, req LaneRequest, limit time.Duration) (bool, laneRow, error) {
 	var r laneRow
 	if d.mariadb {
-		secs := int64((req.TTL + time.Second - 1) / time.Second)
-		if _, err := tx.Exec(ctx, d.q.IdleTimeout, secs); err != nil {
+		if _, err := tx.Exec(ctx, d.idleTimeout(req.TTL)); err != nil {
 			return false, r, err
 		}
 	}

@@ -30,7 +30,7 @@ type mySQL struct {
 		SchemaUnlock    string `sql:"schema_unlock"`     // lock name
 		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
 		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
-		IdleTimeout     string `sql:"idle_timeout"`      // seconds
+		IdleTimeout     string `sql:"idle_timeout"`      // (none; see idleTimeout)
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
 		laneRenewQueries
@@ -162,6 +162,13 @@ func (d *mySQL) bound(q string, limit time.Duration) string {
 		"{{ms}}", strconv.FormatInt(limit.Milliseconds(), 10), "{{rest}}", rest).Replace(d.q.BoundMySQL)
 }
 
+// idleTimeout is the statement that lets MariaDB end this session's
+// transactions once they idle for ttl, rounded up to whole seconds.
+func (d *mySQL) idleTimeout(ttl time.Duration) string {
+	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
+	return strings.Replace(d.q.IdleTimeout, "{{seconds}}", strconv.FormatInt(secs, 10), 1)
+}
+
 // fence bounds the lock wait by limit and, on MariaDB, how long the
 // transaction may then idle by ttl. MariaDB's idle_transaction_timeout is
 // a session variable: it stays set on the connection after the
@@ -169,8 +176,7 @@ func (d *mySQL) bound(q string, limit time.Duration) string {
 func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
 	if d.mariadb {
-		secs := int64((ttl + time.Second - 1) / time.Second)
-		if _, err := tx.Exec(ctx, d.q.IdleTimeout, secs); err != nil {
+		if _, err := tx.Exec(ctx, d.idleTimeout(ttl)); err != nil {
 			return r, err
 		}
 	}

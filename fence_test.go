@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,4 +152,53 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 			t.Fatal("no stale write was refused: the takeover window was not exercised")
 		}
 	})
+}
+
+// On MariaDB, Fence sets the session's idle_transaction_timeout in a
+// statement without arguments, which go-sql-driver/mysql sends as text in
+// one round trip; only the lease read, which takes the name as an
+// argument, is prepared (two round trips without interpolateParams).
+func TestMariaDBFencePreparesOneStatement(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.MySQL)
+	ctx := context.Background()
+	a := start(t, tg, "a")
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	var version string
+	if err := a.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(version, "MariaDB") {
+		t.Skipf("%s is not MariaDB: MySQL has no idle_transaction_timeout to set", version)
+	}
+	tx, err := a.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	prepared := func() int {
+		t.Helper()
+		var name string
+		var n int
+		if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := prepared()
+	if _, err := a.Fence(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if n := prepared() - before; n != 1 {
+		t.Errorf("Fence prepared %d statements, want 1 (the lease read)", n)
+	}
+	var idle int
+	if err := tx.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout").Scan(&idle); err != nil {
+		t.Fatal(err)
+	}
+	if want := int((testdb.LeaseTTL + time.Second - 1) / time.Second); idle != want {
+		t.Errorf("idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", idle, want, testdb.LeaseTTL)
+	}
 }

@@ -165,8 +165,11 @@ SET @sqlfence_lock_wait_timeout = @@SESSION.lock_wait_timeout, SESSION lock_wait
 SET SESSION lock_wait_timeout = @sqlfence_lock_wait_timeout;
 
 -- name: idle_timeout
--- args: seconds. MariaDB: the server ends a transaction idle this long.
-SET SESSION idle_transaction_timeout = ?;
+-- args: none; {{seconds}}, whole seconds, is formatted in from a duration
+-- (never from input). MariaDB: the server ends a transaction idle this
+-- long. Without arguments go-sql-driver/mysql sends it as text, one round
+-- trip, where a statement with arguments is prepared and run, two.
+SET SESSION idle_transaction_timeout = {{seconds}};
 
 -- name: bound_mariadb
 -- A lease statement with a server-side limit: {{seconds}} (fractional) for
