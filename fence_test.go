@@ -191,8 +191,8 @@ func TestMariaDBFencePreparesOneStatement(t *testing.T) {
 	if _, err := a.Fence(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
-	if n := prepared() - before; n != 1 {
-		t.Errorf("Fence prepared %d statements, want 1 (the lease read)", n)
+	if n := prepared() - before; n > 1 { // 0 with interpolateParams=true in the DSN
+		t.Errorf("Fence prepared %d statements, want at most 1 (the lease read)", n)
 	}
 	var idle int
 	if err := tx.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout").Scan(&idle); err != nil {

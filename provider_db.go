@@ -409,7 +409,7 @@ func (p *DBProvider) release(ctx context.Context, name, instance, q string, args
 	if err != nil {
 		return false, p.wrap("release lease "+quote(name), err)
 	}
-	p.announce(name, instance, successor)
+	p.announce(name, instance, successor, !p.d.notifies())
 	return true, nil
 }
 
@@ -712,7 +712,7 @@ func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error
 		return false, p.wrap("release lease "+quote(name), err)
 	}
 	if n == 1 {
-		p.announce(name, "", "")
+		p.announce(name, "", "", true)
 	}
 	return n == 1, nil
 }

@@ -44,13 +44,13 @@ type localWaiter struct {
 }
 
 // successorLead is how long a woken follower that is not the named
-// successor waits before it tries: long enough for the successor's grant
-// to commit first on a healthy database, so that the others find the
-// lease held (and sleep until it expires) instead of queueing on the row
-// behind the successor; short enough that a successor that is gone costs
-// little. Each waits a random time in [successorLead, 2*successorLead),
+// successor waits before it tries: long enough that the successor's
+// attempt reaches the lease row first, so that the others cannot overtake
+// it (often its grant has committed by then, and they find the lease held
+// and sleep until it expires); short enough that a successor that is gone,
+// or cannot lead, costs little. Each waits a random time in [successorLead, 2*successorLead),
 // so that they do not arrive together either. A variable for the tests.
-var successorLead = 10 * time.Millisecond
+var successorLead = 5 * time.Millisecond
 
 // releaseKey names a lease in one database; "" when the database could not
 // be named (then nothing is woken in process).
@@ -63,9 +63,9 @@ func (p *DBProvider) releaseKey(name string) string {
 
 // announce tells the local watchers of lease name, but the holder's own,
 // that it was released. successor is the instance the release named to
-// try first, or "" when it named none: then one local watcher is the
-// successor.
-func (p *DBProvider) announce(name, holder, successor string) {
+// try first; "" wakes them all at once, unless pick is set (a dialect
+// whose release names no successor): then one of them is the successor.
+func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 	key := p.releaseKey(name)
 	if key == "" {
 		return
@@ -76,7 +76,7 @@ func (p *DBProvider) announce(name, holder, successor string) {
 		if w.instance == holder {
 			continue
 		}
-		if successor == "" {
+		if pick && successor == "" {
 			successor = w.instance
 		}
 		w.hear(successor)
@@ -117,13 +117,22 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 	}
 	channel := p.prefix + "lease"
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		// A release sends two payloads in a row (schema/postgres_queries.sql):
+		// the lease name, a newline and the successor's instance; then the
+		// name alone, which older nodes act on. The name alone after a
+		// named one is its companion; without one, an older node released.
+		named := false
 		err := lp.Listen(ctx, channel, func() { live(true) }, func(payload string) {
-			// The payload is the lease name, then a newline and the
-			// successor's instance when the release named one; a name
-			// holds no newline (Config.LeaseName).
-			lease, successor, _ := strings.Cut(payload, "\n")
-			if lease == name {
+			lease, successor, ok := strings.Cut(payload, "\n") // a name holds no newline (Config.LeaseName)
+			switch {
+			case lease != name:
+			case ok:
+				named = true
 				hear(successor)
+			case named:
+				named = false
+			default:
+				hear("")
 			}
 		})
 		live(false)
@@ -134,7 +143,7 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff):
+		case <-time.After(backoff + rand.N(backoff/2)): // spread out, after a server restart
 		}
 	}
 }
@@ -149,7 +158,7 @@ func designated(instance string, wake func()) (hear func(successor string), stop
 	var pending *time.Timer
 	var due time.Time
 	hear = func(successor string) {
-		if successor == "" || successor == instance {
+		if successor == "" || successor == instance || successorLead <= 0 {
 			wake()
 			return
 		}
@@ -185,15 +194,35 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 		default:
 		}
 	}
+	// When the listener starts, it has taken a connection from the pool,
+	// often the one the attempts ran on, which the warm-up had prepared
+	// (provider_db.go): a follower tries once, within half a heartbeat
+	// (spread out, as every node's listener starts again after a server
+	// restart), which opens and warms the connection the next handoff
+	// runs on, instead of the handoff waiting to open one.
+	var mu sync.Mutex
+	var soon *time.Timer
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if soon != nil {
+			soon.Stop()
+		}
+	}()
 	live := func(on bool) {
-		// Either way a follower tries now. When the listener stops, one
-		// sleeping until the lease's expiry must poll again. When it
-		// starts, it has taken a connection from the pool, often the one
-		// the attempts ran on, which the warm-up had prepared (provider_db.go):
-		// the attempt opens and warms the connection the next handoff
-		// runs on, instead of the handoff waiting for a connection.
-		if was := c.hearing.Swap(on); was != on {
-			wake()
+		was := c.hearing.Swap(on)
+		switch {
+		case was && !on:
+			wake() // a follower sleeping until the lease's expiry polls again now
+		case on && !was:
+			mu.Lock()
+			defer mu.Unlock()
+			d := rand.N(c.cfg.HeartbeatInterval/2 + 1)
+			if soon == nil {
+				soon = time.AfterFunc(d, wake)
+			} else {
+				soon.Reset(d)
+			}
 		}
 	}
 	if err := w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live); err != nil {

@@ -247,6 +247,9 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	if got := next(); got != "leader\n"+instance {
 		t.Fatalf("the release notified %q, want %q: the lease name and the instance of %s, the member seen last", got, "leader\n"+instance, want)
 	}
+	if got := next(); got != "leader" {
+		t.Fatalf("the release's second notification is %q, want the lease name alone, for older nodes", got)
+	}
 	if !waitUntil(2*time.Second, nodes[want].IsLeader) {
 		for id, n := range nodes {
 			t.Logf("%s leads: %v; %+v", id, n.IsLeader(), n.Stats())
@@ -268,6 +271,9 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	}
 	if got := next(); got != "leader\n"+instance {
 		t.Fatalf("the forced release notified %q, want %q (%s)", got, "leader\n"+instance, want)
+	}
+	if got := next(); got != "leader" {
+		t.Fatalf("the forced release's second notification is %q, want the lease name alone", got)
 	}
 	if released, err := p.ForceRelease(ctx, "nobody"); err != nil || released {
 		t.Fatalf("ForceRelease of a lease never held = %v, %v; want false, nil", released, err)
@@ -291,7 +297,7 @@ func TestFollowerTriesOnceListening(t *testing.T) {
 		}
 	})
 	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
-	waitFor(t, time.Second, "b's attempt once it listens (its poll is a TTL, 6s, away)", func() bool { return attempts.Load() >= 2 })
+	waitFor(t, 2*time.Second, "b's attempt once it listens, within half a heartbeat (its poll is a TTL, 6s, away)", func() bool { return attempts.Load() >= 2 })
 	if st := pool.Stat(); st.IdleConns() == 0 {
 		t.Errorf("b's pool has no idle connection beside the listener's: %d in all, %d acquired", st.TotalConns(), st.AcquiredConns())
 	}

@@ -97,13 +97,15 @@ RETURNING l.expires_at;
 -- name: release
 -- args: name, holder, instance, token. A release that ends a term tells
 -- the listening followers at once (NOTIFY on channel {{prefix}}lease;
--- delivered when the statement commits) and names its successor: the
--- payload is the lease name, then a newline and the instance of the active
--- member seen most recently (one line only when there is none). The
--- successor tries at once and the others a few milliseconds later, so that
--- they do not queue on the row behind it (wake.go). Returns the instance
--- that held the term and the successor ('' for none): one row when a term
--- ended, none otherwise.
+-- delivered when the statement commits, in the order sent) and names its
+-- successor, the active member seen most recently: the first payload is
+-- the lease name, then a newline and the successor's instance; the second
+-- is the lease name alone, for nodes of versions that do not know the
+-- first (PostgreSQL sends one when there is no successor, the two being
+-- the same). The successor tries at once and the others a few
+-- milliseconds later, so that they do not queue on the row behind it
+-- (wake.go). Returns the instance that held the term and the successor
+-- ('' for none): one row when a term ended, none otherwise.
 -- It commits without waiting for its WAL to reach the disk
 -- (synchronous_commit off for this transaction only), which takes a
 -- flush off every handoff: a release lost in a server crash leaves the
@@ -127,7 +129,8 @@ WITH clock AS (
 )
 SELECT r.instance, s.instance
 FROM released r, successor s,
-     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
+     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
+                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
 
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
@@ -150,7 +153,8 @@ WITH clock AS (
 )
 SELECT r.instance, s.instance
 FROM released r, successor s,
-     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
+     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
+                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -296,7 +300,8 @@ WITH clock AS (
 )
 SELECT r.instance, s.instance
 FROM expired r, successor s,
-     LATERAL pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) told;
+     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
+                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
