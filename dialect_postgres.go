@@ -21,6 +21,7 @@ type postgres struct {
 		CurrentSchema string `sql:"current_schema"` // (none)
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
 		Warm          string `sql:"warm"`           // (none)
+		Pass          string `sql:"pass"`           // name
 		pgLaneQueries
 	}
 }
@@ -84,6 +85,12 @@ func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) 
 // query), after an acquisition on it was refused.
 func (d *postgres) warm(ctx context.Context, conn Querier) error {
 	_, err := conn.Exec(ctx, d.q.Warm)
+	return err
+}
+
+// pass notifies the listeners that lease name is free to try at once.
+func (d *postgres) pass(ctx context.Context, conn Querier, name string) error {
+	_, err := conn.Exec(ctx, d.q.Pass, name)
 	return err
 }
 

@@ -91,6 +91,22 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 // once; the others are woken successorLead to twice that later, so that
 // they find the successor's term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
+	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, live)
+}
+
+// A namedWatcher is a [ReleaseWatcher] that also says whether a release
+// named this node its successor, and can pass the turn on when the node
+// cannot take the lease (it holds off after Resign, or is stopping): the
+// others then try at once rather than after successorLead. DBProvider,
+// and a provider that embeds it, is one.
+type namedWatcher interface {
+	watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool)) error
+	passRelease(ctx context.Context, name, instance string) error
+}
+
+// watchNamed is WatchReleases, telling wake whether the release named
+// instance its successor.
+func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool)) error {
 	hear, stop := designated(instance, wake)
 	defer stop()
 	if key := p.releaseKey(name); key != "" {
@@ -148,18 +164,46 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 	}
 }
 
+// passRelease tells the other watchers of lease name that instance, the
+// successor a release named, will not take it: on PostgreSQL a NOTIFY of
+// the lease name alone, which wakes the listeners at once, and in this
+// process a wake-up of all the others.
+func (p *DBProvider) passRelease(ctx context.Context, name, instance string) error {
+	p.announce(name, instance, "", false)
+	ps, ok := p.d.(passer)
+	if !ok {
+		return nil
+	}
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := ps.pass(ctx, conn, name); err != nil {
+		return p.wrap("pass on lease "+quote(name), err)
+	}
+	return nil
+}
+
+// A passer is a dialect whose releases notify other processes: pass
+// notifies that lease name is free for everyone to try.
+type passer interface {
+	pass(ctx context.Context, conn Querier, name string) error
+}
+
 // designated returns how the watcher of instance hears a release that
-// names successor: it calls wake at once when successor is instance or
-// "" (a release that named none), else after a random delay in
-// [successorLead, 2*successorLead), once however many releases it hears
-// meanwhile. stop cancels a pending wake.
-func designated(instance string, wake func()) (hear func(successor string), stop func()) {
+// names successor: it calls wake(true) at once when successor is instance,
+// wake(false) at once when it is "" (a release that named none), else
+// wake(false) after a random delay in [successorLead, 2*successorLead),
+// once however many releases it hears meanwhile. stop cancels a pending
+// wake.
+func designated(instance string, wake func(named bool)) (hear func(successor string), stop func()) {
 	var mu sync.Mutex
 	var pending *time.Timer
 	var due time.Time
 	hear = func(successor string) {
 		if successor == "" || successor == instance || successorLead <= 0 {
-			wake()
+			wake(successor == instance)
 			return
 		}
 		mu.Lock()
@@ -170,7 +214,7 @@ func designated(instance string, wake func()) (hear func(successor string), stop
 		d := successorLead + rand.N(successorLead)
 		due = time.Now().Add(d)
 		if pending == nil {
-			pending = time.AfterFunc(d, wake)
+			pending = time.AfterFunc(d, func() { wake(false) })
 		} else {
 			pending.Reset(d)
 		}
@@ -225,8 +269,42 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 			}
 		}
 	}
-	if err := w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live); err != nil {
+	var err error
+	if nw, ok := w.(namedWatcher); ok {
+		err = nw.watchNamed(ctx, c.cfg.LeaseName, c.instance, func(named bool) {
+			if !named || c.mayTakeOver() {
+				wake()
+				return
+			}
+			// Named, but this node will not try: pass the turn on, so the
+			// others need not wait out successorLead. (The watcher runs
+			// until its goroutine, counted in wg, returns.)
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				pctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+				defer cancel()
+				if err := nw.passRelease(pctx, c.cfg.LeaseName, c.instance); err != nil {
+					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
+				}
+			}()
+		}, live)
+	} else {
+		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
+	}
+	if err != nil {
 		c.log.WarnContext(ctx, "cluster: cannot hear lease releases; polling", "err", err)
 	}
 	c.hearing.Store(false)
+}
+
+// mayTakeOver reports whether this node would try to acquire the lease if
+// woken now: it neither holds it, nor is stopping, nor holds off after
+// Resign, nor stopped campaigning after a detected rollback.
+func (c *Cluster) mayTakeOver() bool {
+	c.mu.Lock()
+	stopped := c.stopped
+	c.mu.Unlock()
+	return !stopped && c.term.Load() == nil && c.retiring.Load() == nil &&
+		mono() >= c.holdUntil.Load() && !c.haltedFlag.Load()
 }

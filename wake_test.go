@@ -161,3 +161,50 @@ func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
 		}
 	})
 }
+
+// A successor the release names that will not take the lease (it holds off
+// after its own Resign) passes the turn on: the other follower takes over
+// at once, not after successorLead. On PostgreSQL the release names the
+// member that has run longest, here the one holding off; elsewhere one of
+// the process's watchers at random.
+func TestSuccessorThatCannotLeadPassesOn(t *testing.T) {
+	const lead = 2 * time.Second
+	cluster.SetSuccessorLead(t, lead)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		slow := func(c *cluster.Config) {
+			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+			c.ResignHoldOff = 15 * time.Second
+		}
+		nodes := map[string]*node{"a": start(t, tg, "a", slow)}
+		for _, id := range []string{"b", "c"} {
+			nodes[id] = start(t, tg, id, slow)
+		}
+		if !nodes["a"].IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		leader := func() string {
+			for id, n := range nodes {
+				if n.IsLeader() {
+					return id
+				}
+			}
+			return ""
+		}
+		if err := nodes["a"].Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 2*lead+time.Second, "b or c to take over when a resigned", func() bool { return leader() != "" })
+		x := leader()
+		y := map[string]string{"b": "c", "c": "b"}[x]
+		time.Sleep(3 * lead) // every delayed attempt is over
+		// a holds off for 15s; whichever of a and y is named, y leads.
+		if err := nodes[x].Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 2*lead+time.Second, y+" to take over when "+x+" resigned", nodes[y].IsLeader)
+		t.Logf("%s led %v after %s resigned (a holds off; the others' lead is %v)", y, took.Round(time.Millisecond), x, lead)
+		if took >= lead/4 { // (a bound below its own poll, which may come any time in 5s)
+			t.Errorf("%s led %v after the release: it waited out the successor's lead (%v), so a, named and holding off, did not pass the turn on", y, took.Round(time.Millisecond), lead)
+		}
+	})
+}

@@ -187,8 +187,8 @@ func TestListeningFollowersStatements(t *testing.T) {
 	}
 }
 
-// A release's notification names the successor: the active member seen
-// most recently, never the node whose term ended. That node takes over;
+// A release's notification names the successor: the live member that has
+// run longest, never the node whose term ended. That node takes over;
 // the others try later (wake.go). An operator's forced release names one
 // too, never the holder.
 func TestReleaseNotifiesSuccessor(t *testing.T) {
@@ -223,7 +223,10 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	for _, id := range []string{"b", "c", "d"} {
 		waitFor(t, 3*time.Second, id+" to hear releases", func() bool { return nodes[id].Stats().HearingReleases })
 	}
-	time.Sleep(300 * time.Millisecond) // for the attempt each follower makes once it hears
+	// For the attempt each follower makes within half a heartbeat (1s) of
+	// listening, which opens a connection: one still doing that when named
+	// would be late.
+	time.Sleep(1500 * time.Millisecond)
 	// The successor a release should name, read just before it.
 	successor := func(holder string) (id, instance string) {
 		t.Helper()
@@ -231,10 +234,14 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var best cluster.Member
-		for _, m := range ms {
-			if m.NodeID != holder && m.Status == "active" && m.LastSeen.After(best.LastSeen) {
-				best = m
+		var best *cluster.Member
+		for i, m := range ms {
+			if m.NodeID == holder || m.Status != "active" {
+				continue
+			}
+			if best == nil || m.StartedAt.Before(best.StartedAt) ||
+				m.StartedAt.Equal(best.StartedAt) && m.Instance < best.Instance {
+				best = &ms[i]
 			}
 		}
 		return best.NodeID, best.Instance
@@ -245,7 +252,7 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := next(); got != "leader\n"+instance {
-		t.Fatalf("the release notified %q, want %q: the lease name and the instance of %s, the member seen last", got, "leader\n"+instance, want)
+		t.Fatalf("the release notified %q, want %q: the lease name and the instance of %s, the member that has run longest", got, "leader\n"+instance, want)
 	}
 	if got := next(); got != "leader" {
 		t.Fatalf("the release's second notification is %q, want the lease name alone, for older nodes", got)

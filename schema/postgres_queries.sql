@@ -98,13 +98,16 @@ RETURNING l.expires_at;
 -- args: name, holder, instance, token. A release that ends a term tells
 -- the listening followers at once (NOTIFY on channel {{prefix}}lease;
 -- delivered when the statement commits, in the order sent) and names its
--- successor, the active member seen most recently: the first payload is
--- the lease name, then a newline and the successor's instance; the second
--- is the lease name alone, for nodes of versions that do not know the
--- first (PostgreSQL sends one when there is no successor, the two being
--- the same). The successor tries at once and the others a few
--- milliseconds later, so that they do not queue on the row behind it
--- (wake.go). Returns the instance that held the term and the successor
+-- successor, the member that has run longest of those seen within two
+-- TTLs (a listening follower tries at least once a TTL; a member that
+-- crashed without leaving stays active, unseen), as its database sessions
+-- are the likeliest to be warm (a member just started is not yet). The
+-- first payload is the lease name, then a newline and the successor's
+-- instance; the second is the lease name alone, for nodes of versions that
+-- do not know the first (PostgreSQL sends one when there is no successor,
+-- the two being the same). The successor tries at once, or passes the
+-- turn when it cannot lead, and the others a few milliseconds later, so
+-- that they do not queue on the row behind it (wake.go). Returns the instance that held the term and the successor
 -- ('' for none): one row when a term ended, none otherwise.
 -- It commits without waiting for its WAL to reach the disk
 -- (synchronous_commit off for this transaction only), which takes a
@@ -121,16 +124,27 @@ WITH clock AS (
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
       AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
+), term AS (
+    -- The TTL of the term that ends (read before the update, as every
+    -- part of one statement sees the same snapshot).
+    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
 ), successor AS (
     SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, released r
+        SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
         WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
+          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
+        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
 )
 SELECT r.instance, s.instance
 FROM released r, successor s,
      LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
                      pg_notify('{{prefix}}lease', r.name) AS bare) told;
+
+-- name: pass
+-- args: name. Sent by the successor a release named when it cannot take
+-- the lease (it holds off after Resign, or is stopping): the lease name
+-- alone, which wakes every listener at once.
+SELECT pg_notify('{{prefix}}lease', $1);
 
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
@@ -145,11 +159,16 @@ WITH clock AS (
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
       AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
+), term AS (
+    -- The TTL of the term that ends (read before the update, as every
+    -- part of one statement sees the same snapshot).
+    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
 ), successor AS (
     SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, released r
+        SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
         WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
+          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
+        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
 )
 SELECT r.instance, s.instance
 FROM released r, successor s,
@@ -292,11 +311,16 @@ WITH clock AS (
     FROM clock c
     WHERE l.name = $1 AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
+), term AS (
+    -- The TTL of the term that ends (read before the update, as every
+    -- part of one statement sees the same snapshot).
+    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
 ), successor AS (
     SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, expired r
+        SELECT n.instance FROM {{prefix}}nodes n, expired r, clock c, term t
         WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-        ORDER BY n.last_seen DESC LIMIT 1), '') AS instance
+          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
+        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
 )
 SELECT r.instance, s.instance
 FROM expired r, successor s,
