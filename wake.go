@@ -94,18 +94,11 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, live)
 }
 
-// A namedWatcher is a [ReleaseWatcher] that also says whether a release
-// named this node its successor, and can pass the turn on when the node
-// cannot take the lease (it holds off after Resign, or is stopping): the
-// others then try at once rather than after successorLead. DBProvider,
-// and a provider that embeds it, is one.
-type namedWatcher interface {
-	watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool)) error
-	passRelease(ctx context.Context, name, instance string) error
-}
-
 // watchNamed is WatchReleases, telling wake whether the release named
-// instance its successor.
+// instance its successor, so that a node that cannot take the lease (it
+// holds off after Resign, or is stopping) can pass the turn on
+// (passRelease): the others then try at once rather than after
+// successorLead.
 func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool)) error {
 	hear, stop := designated(instance, wake)
 	defer stop()
@@ -203,6 +196,14 @@ func designated(instance string, wake func(named bool)) (hear func(successor str
 	var due time.Time
 	hear = func(successor string) {
 		if successor == "" || successor == instance || successorLead <= 0 {
+			// At once; a delayed wake still pending (a named release
+			// heard before, whose successor passed the turn on) would only
+			// make a second, refused attempt.
+			mu.Lock()
+			if pending != nil && pending.Stop() {
+				due = time.Time{}
+			}
+			mu.Unlock()
 			wake(successor == instance)
 			return
 		}
@@ -270,7 +271,9 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 		}
 	}
 	var err error
-	if nw, ok := w.(namedWatcher); ok {
+	// Only the default provider itself: a provider that embeds it may
+	// override WatchReleases, and then that is what runs.
+	if nw, ok := w.(*DBProvider); ok {
 		err = nw.watchNamed(ctx, c.cfg.LeaseName, c.instance, func(named bool) {
 			if !named || c.mayTakeOver() {
 				wake()
