@@ -15,9 +15,6 @@ import (
 func TestInProcessWakeUp(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		slow := func(c *cluster.Config) {
-			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
-		}
 		a := start(t, tg, "a", slow)
 		attempts := make(chan struct{}, 16)
 		b := start(t, tg, "b", slow, func(c *cluster.Config) {
@@ -87,9 +84,6 @@ func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
 	const lead = 400 * time.Millisecond
 	cluster.SetSuccessorLead(t, lead)
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		slow := func(c *cluster.Config) {
-			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
-		}
 		type attempt struct {
 			node    string
 			started time.Time
@@ -125,16 +119,7 @@ func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
 		if err := a.Resign(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		var winner string
-		waitFor(t, 3*time.Second, "a follower to take over when a resigned", func() bool {
-			for id, n := range followers {
-				if n.IsLeader() {
-					winner = id
-					return true
-				}
-			}
-			return false
-		})
+		winner := leaderOf(t, 3*time.Second, followers["b"], followers["c"], followers["d"]).NodeID()
 		// The others' delayed attempts: each waits lead to 2*lead.
 		waitFor(t, 3*time.Second, "every follower to try", func() bool {
 			mu.Lock()
@@ -171,30 +156,21 @@ func TestSuccessorThatCannotLeadPassesOn(t *testing.T) {
 	const lead = 2 * time.Second
 	cluster.SetSuccessorLead(t, lead)
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		slow := func(c *cluster.Config) {
-			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+		slowHoldOff := func(c *cluster.Config) {
+			slow(c)
 			c.ResignHoldOff = 15 * time.Second
 		}
-		nodes := map[string]*node{"a": start(t, tg, "a", slow)}
+		nodes := map[string]*node{"a": start(t, tg, "a", slowHoldOff)}
 		for _, id := range []string{"b", "c"} {
-			nodes[id] = start(t, tg, id, slow)
+			nodes[id] = start(t, tg, id, slowHoldOff)
 		}
 		if !nodes["a"].IsLeader() {
 			t.Fatal("a does not lead")
 		}
-		leader := func() string {
-			for id, n := range nodes {
-				if n.IsLeader() {
-					return id
-				}
-			}
-			return ""
-		}
 		if err := nodes["a"].Resign(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 2*lead+time.Second, "b or c to take over when a resigned", func() bool { return leader() != "" })
-		x := leader()
+		x := leaderOf(t, 2*lead+time.Second, nodes["b"], nodes["c"]).NodeID() // a holds off
 		y := map[string]string{"b": "c", "c": "b"}[x]
 		time.Sleep(3 * lead) // every delayed attempt is over
 		// a holds off for 15s; whichever of a and y is named, y leads.
@@ -207,4 +183,10 @@ func TestSuccessorThatCannotLeadPassesOn(t *testing.T) {
 			t.Errorf("%s led %v after the release: it waited out the successor's lead (%v), so a, named and holding off, did not pass the turn on", y, took.Round(time.Millisecond), lead)
 		}
 	})
+}
+
+// slow gives nodes a poll so slow (every 5s) that a takeover within a
+// fraction of it can only come from a wake-up.
+func slow(c *cluster.Config) {
+	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
 }

@@ -124,6 +124,19 @@ WITH clock AS (
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
       AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
+{{notify_released}};
+
+-- name: pass
+-- args: name. Sent by the successor a release named when it cannot take
+-- the lease (it holds off after Resign, or is stopping): the lease name
+-- alone, which wakes every listener at once.
+SELECT pg_notify('{{prefix}}lease', $1);
+
+-- name: notify_released
+-- (a fragment; {{notify_released}} in release, release_instance and
+-- lease_expire.) It continues their WITH after the CTE "released", which
+-- returns the ended term's name and instance, and "clock": it names the
+-- successor, notifies the listeners and returns what release documents.
 ), term AS (
     -- The TTL of the term that ends (read before the update, as every
     -- part of one statement sees the same snapshot).
@@ -139,12 +152,6 @@ SELECT r.instance, s.instance
 FROM released r, successor s,
      LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
                      pg_notify('{{prefix}}lease', r.name) AS bare) told;
-
--- name: pass
--- args: name. Sent by the successor a release named when it cannot take
--- the lease (it holds off after Resign, or is stopping): the lease name
--- alone, which wakes every listener at once.
-SELECT pg_notify('{{prefix}}lease', $1);
 
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
@@ -159,21 +166,7 @@ WITH clock AS (
     WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
       AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
-), term AS (
-    -- The TTL of the term that ends (read before the update, as every
-    -- part of one statement sees the same snapshot).
-    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
-), successor AS (
-    SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
-        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
-        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
-)
-SELECT r.instance, s.instance
-FROM released r, successor s,
-     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
-                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
+{{notify_released}};
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -306,26 +299,12 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 -- successor returned, as by release (never the holder itself).
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-), expired AS (
+), released AS (
     UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
     FROM clock c
     WHERE l.name = $1 AND l.expires_at > c.now_ms
     RETURNING l.name, l.instance
-), term AS (
-    -- The TTL of the term that ends (read before the update, as every
-    -- part of one statement sees the same snapshot).
-    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
-), successor AS (
-    SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, expired r, clock c, term t
-        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
-        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
-)
-SELECT r.instance, s.instance
-FROM expired r, successor s,
-     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
-                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
+{{notify_released}};
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
