@@ -166,6 +166,13 @@ func TestMembers(t *testing.T) {
 			if (m.NodeID == "a") != m.Leader || (m.NodeID == "a" || m.NodeID == "c") != m.Live {
 				t.Fatalf("after a node timeout: %+v", ms)
 			}
+			// SeenAgo is by the clock of the read that decided Live.
+			if m.SeenAgo < 0 || m.Status == "active" && m.Live != (m.SeenAgo < timeout) {
+				t.Errorf("member %s: live %v with SeenAgo %v and node timeout %v", m.NodeID, m.Live, m.SeenAgo, timeout)
+			}
+			if m.NodeID == "d" && m.SeenAgo < 2*timeout {
+				t.Errorf("the dead node was seen %v ago, want at least %v", m.SeenAgo, 2*timeout)
+			}
 		}
 		_ = a
 	})

@@ -209,6 +209,11 @@ type Member struct {
 	Endpoint  string    `json:"endpoint,omitempty"`
 	StartedAt time.Time `json:"startedAt"` // by the database clock
 	LastSeen  time.Time `json:"lastSeen"`  // by the database clock
+	// SeenAgo is how long before the read the database last saw the
+	// member, by the database clock of the read itself (0 when a heartbeat
+	// landed during the read). It is what Live compares with the node
+	// timeout, so the two never disagree.
+	SeenAgo time.Duration `json:"-"`
 	// Status is "active" while the process runs, "left" once it shut down.
 	Status string `json:"status"`
 	// Live reports an active member seen within the node timeout.

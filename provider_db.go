@@ -656,7 +656,8 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 		}
 		m.PID, m.Leader = int(pid), leads == 1
 		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
-		m.Live = m.Status == "active" && now-seen < timeout.Milliseconds()
+		m.SeenAgo = time.Duration(max(now-seen, 0)) * time.Millisecond
+		m.Live = m.Status == "active" && m.SeenAgo < timeout
 		out = append(out, m)
 	}
 	if err := rows.close(); err != nil {

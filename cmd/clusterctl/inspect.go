@@ -60,7 +60,7 @@ func runStatus(ctx context.Context, e *env) error {
 	}
 
 	if e.opts.json {
-		out := statusJSON{Lease: name, FencingToken: token, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms, now)}
+		out := statusJSON{Lease: name, FencingToken: token, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms)}
 		if l != nil {
 			out.Leader = &leaderJSON{NodeID: l.NodeID, FencingToken: l.FencingToken,
 				LeaseExpiresAt: l.LeaseExpiresAt.UnixMilli(), RemainingMs: max(l.LeaseExpiresAt.Sub(now), 0).Milliseconds()}
@@ -89,7 +89,7 @@ func runStatus(ctx context.Context, e *env) error {
 		return err
 	}
 	fmt.Fprintln(e.stdout)
-	return e.printMembers(ms, now)
+	return e.printMembers(ms)
 }
 
 func runMembers(ctx context.Context, e *env) error {
@@ -102,14 +102,10 @@ func runMembers(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	now, err := e.now(ctx)
-	if err != nil {
-		return err
-	}
 	if e.opts.json {
-		return e.printJSON(membersOutput{Lease: e.opts.lease, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms, now)})
+		return e.printJSON(membersOutput{Lease: e.opts.lease, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms)})
 	}
-	return e.printMembers(ms, now)
+	return e.printMembers(ms)
 }
 
 // tipJSON is a chain tip as -json prints it; hash is hex.

@@ -64,23 +64,24 @@ func yesNo(b bool) string {
 
 // memberJSON is a member as -json prints it: the library's Member JSON
 // (nodeId, instance, host, pid, endpoint, startedAt, lastSeen, status,
-// live, leader) and how long ago the database last saw it.
+// live, leader) and how long ago the database last saw it, by the clock of
+// the same read that decided live.
 type memberJSON struct {
 	cluster.Member
 	LastSeenAgoMs int64 `json:"lastSeenAgoMs"`
 }
 
-func membersJSON(ms []cluster.Member, now time.Time) []memberJSON {
+func membersJSON(ms []cluster.Member) []memberJSON {
 	out := make([]memberJSON, 0, len(ms))
 	for _, m := range ms {
 		m.StartedAt, m.LastSeen = m.StartedAt.UTC(), m.LastSeen.UTC()
-		out = append(out, memberJSON{Member: m, LastSeenAgoMs: now.Sub(m.LastSeen).Milliseconds()})
+		out = append(out, memberJSON{Member: m, LastSeenAgoMs: m.SeenAgo.Milliseconds()})
 	}
 	return out
 }
 
 // printMembers prints the members as a table.
-func (e *env) printMembers(ms []cluster.Member, now time.Time) error {
+func (e *env) printMembers(ms []cluster.Member) error {
 	if len(ms) == 0 {
 		_, err := fmt.Fprintf(e.stdout, "no members of lease %q recorded\n", e.opts.lease)
 		return err
@@ -89,7 +90,7 @@ func (e *env) printMembers(ms []cluster.Member, now time.Time) error {
 	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLAST SEEN")
 	for _, m := range ms {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s ago\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
-			m.Status, yesNo(m.Live), yesNo(m.Leader), span(max(now.Sub(m.LastSeen), 0)))
+			m.Status, yesNo(m.Live), yesNo(m.Leader), span(m.SeenAgo))
 	}
 	return w.Flush()
 }
