@@ -31,6 +31,7 @@ type mySQL struct {
 		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
 		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
 		IdleTimeout     string `sql:"idle_timeout"`      // (none; see idleTimeout)
+		FenceMariaDB    string `sql:"fence_mariadb"`     // name, timeout ms
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
 		laneRenewQueries
@@ -165,23 +166,41 @@ func (d *mySQL) bound(q string, limit time.Duration) string {
 // idleTimeout is the statement that lets MariaDB end this session's
 // transactions once they idle for ttl, rounded up to whole seconds.
 func (d *mySQL) idleTimeout(ttl time.Duration) string {
-	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
-	return strings.Replace(d.q.IdleTimeout, "{{seconds}}", strconv.FormatInt(secs, 10), 1)
+	return strings.Replace(d.q.IdleTimeout, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10), 1)
 }
 
 // fence bounds the lock wait by limit and, on MariaDB, how long the
 // transaction may then idle by ttl. MariaDB's idle_transaction_timeout is
 // a session variable: it stays set on the connection after the
-// transaction ends. MySQL 8 has no such variable.
+// transaction ends, so the lease read also returns it, and it is set (in
+// this transaction, before Fence returns) only when it is unset or longer
+// than ttl; a shorter one the application chose is kept. On a pooled
+// connection that fenced before, that makes Fence one statement. MySQL 8
+// has no such variable.
 func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
-	if d.mariadb {
+	if !d.mariadb {
+		err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+		return r, err
+	}
+	var idle int64
+	err := tx.QueryRow(ctx, d.bound(d.q.FenceMariaDB, limit), name, ttl.Milliseconds()).
+		Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now, &idle)
+	if err != nil {
+		return r, err
+	}
+	if idle <= 0 || idle > idleSeconds(ttl) {
 		if _, err := tx.Exec(ctx, d.idleTimeout(ttl)); err != nil {
 			return r, err
 		}
 	}
-	err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
-	return r, err
+	return r, nil
+}
+
+// idleSeconds is ttl in whole seconds, rounded up, at least 1: MariaDB's
+// idle_transaction_timeout for a lease of ttl.
+func idleSeconds(ttl time.Duration) int64 {
+	return max(int64((ttl+time.Second-1)/time.Second), 1)
 }
 
 func (d *mySQL) classify(err error) (kind error, hint, guard string) {

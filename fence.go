@@ -47,8 +47,9 @@ var (
 //	// ... writes, storing token ...
 //	return tx.Commit()
 //
-// Cost: one round trip, a primary-key read (two on MariaDB, which also
-// sets the session's idle timeout). While a fenced transaction is open the
+// Cost: one round trip, a primary-key read. On MariaDB the read also
+// returns the session's idle timeout, which Fence sets (one statement
+// more) only on a connection that has not fenced before. While a fenced transaction is open the
 // lease row cannot be renewed or acquired, so keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -154,11 +155,12 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 	})
 }
 
-// On MariaDB, Fence sets the session's idle_transaction_timeout in a
-// statement without arguments, which go-sql-driver/mysql sends as text in
-// one round trip; only the lease read, which takes the name as an
-// argument, is prepared (two round trips without interpolateParams).
-func TestMariaDBFencePreparesOneStatement(t *testing.T) {
+// On MariaDB, Fence bounds the session's idle_transaction_timeout by
+// LeaseTTL. The lease read, the one statement that takes arguments (two
+// round trips without interpolateParams), also returns the setting, and
+// Fence sets it, in a statement without arguments, only when it is unset
+// or longer: a connection that fenced before pays the lease read alone.
+func TestMariaDBFenceStatements(t *testing.T) {
 	t.Parallel()
 	tg := testdb.New(t, cluster.MySQL)
 	ctx := context.Background()
@@ -173,32 +175,65 @@ func TestMariaDBFencePreparesOneStatement(t *testing.T) {
 	if !strings.Contains(version, "MariaDB") {
 		t.Skipf("%s is not MariaDB: MySQL has no idle_transaction_timeout to set", version)
 	}
-	tx, err := a.db.BeginTx(ctx, nil)
+	conn, err := a.db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback()
-	prepared := func() int {
+	defer conn.Close()
+	status := func(name string) int {
 		t.Helper()
-		var name string
 		var n int
-		if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+		if err := conn.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&name, &n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	before := prepared()
-	if _, err := a.Fence(ctx, tx); err != nil {
-		t.Fatal(err)
+	idle := func() int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
-	if n := prepared() - before; n > 1 { // 0 with interpolateParams=true in the DSN
-		t.Errorf("Fence prepared %d statements, want at most 1 (the lease read)", n)
+	want := int((testdb.LeaseTTL + time.Second - 1) / time.Second)
+	cases := []struct {
+		before, sets, after int
+		what                string
+	}{
+		{0, 1, want, "unset: Fence sets it"},
+		{want, 0, want, "set by the last Fence on this connection: kept"},
+		{want + 3, 1, want, "longer than LeaseTTL: Fence shortens it"},
 	}
-	var idle int
-	if err := tx.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout").Scan(&idle); err != nil {
-		t.Fatal(err)
+	if want > 1 {
+		cases = append(cases, struct {
+			before, sets, after int
+			what                string
+		}{want - 1, 0, want - 1, "shorter, as the application chose: kept"})
 	}
-	if want := int((testdb.LeaseTTL + time.Second - 1) / time.Second); idle != want {
-		t.Errorf("idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", idle, want, testdb.LeaseTTL)
+	for _, c := range cases {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", c.before)); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prepared, sets := status("Com_stmt_prepare"), status("Com_set_option")
+		if _, err := a.Fence(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if n := status("Com_stmt_prepare") - prepared; n > 1 { // 0 with interpolateParams=true in the DSN
+			t.Errorf("%s: Fence prepared %d statements, want at most 1 (the lease read)", c.what, n)
+		}
+		if n := status("Com_set_option") - sets; n != c.sets {
+			t.Errorf("%s: Fence ran %d SET statements, want %d", c.what, n, c.sets)
+		}
+		if got := idle(); got != c.after {
+			t.Errorf("%s: idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", c.what, got, c.after, testdb.LeaseTTL)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -76,6 +76,16 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
 
+-- name: fence_mariadb
+-- args: as fence. MariaDB: also returns the session's
+-- idle_transaction_timeout (seconds, 0 for none), so that Fence sets it
+-- only on a connection that does not have it yet: a pooled connection
+-- keeps it, and a fence on it is then this one statement.
+SELECT holder, instance, fencing_token, expires_at, endpoint,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+       @@session.idle_transaction_timeout
+FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
+
 -- name: lease_token
 -- args: name.
 SELECT fencing_token FROM {{prefix}}lease WHERE name = ?;
