@@ -76,8 +76,9 @@ type Cluster struct {
 	work    workCount
 	downCh  chan struct{} // closed when Shutdown begins
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel       context.CancelFunc
+	cancelListen context.CancelFunc
+	wg           sync.WaitGroup
 
 	// shutDone is made by the first Shutdown and closed when it returns,
 	// after it set shutdownErr.
@@ -245,9 +246,12 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
+	listenCtx, cancelListen := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancelListen = cancelListen
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
 		cancel()
+		cancelListen()
 		c.leave(ctx)
 		c.events.close()
 		c.events.wait(ctx) // deliver what was emitted, within the caller's patience
@@ -269,7 +273,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		}
 		if w, ok := c.provider.(ReleaseWatcher); ok && !cfg.PollOnly {
 			c.wg.Add(1)
-			go c.watchReleases(loopCtx, w)
+			go c.watchReleases(listenCtx, w)
 		}
 		c.wg.Add(1)
 		c.heartbeating.Store(true)
@@ -467,10 +471,12 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.stopLookups()
 	c.waitForWork(ctx, "Shutdown")
 
-	// Stop the heartbeat, the listener and the lookups (their statements in
-	// flight are cancelled), and release without waiting for them to
-	// exit: the followers are waiting for the release, and the rest of the
-	// teardown concerns this node alone.
+	// Stop the heartbeat and the lookups (their statements in flight are
+	// cancelled), and release without waiting for them to exit: the
+	// followers are waiting for the release, and the rest of the teardown
+	// concerns this node alone. The listener stops after the release:
+	// closing its connection ends a server process, which would compete
+	// with the release for the database's CPU.
 	c.cancel()
 	var err error
 	if t != nil {
@@ -488,6 +494,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 		}
 		c.emit(EventLeaseReleased, t.lease.FencingToken, reason)
 	}
+	c.cancelListen()
 
 	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
 	c.wg.Wait()

@@ -2,6 +2,7 @@ package clusterpgx_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -307,5 +308,98 @@ func TestFollowerTriesOnceListening(t *testing.T) {
 	waitFor(t, 2*time.Second, "b's attempt once it listens, within half a heartbeat (its poll is a TTL, 6s, away)", func() bool { return attempts.Load() >= 2 })
 	if st := pool.Stat(); st.IdleConns() == 0 {
 		t.Errorf("b's pool has no idle connection beside the listener's: %d in all, %d acquired", st.TotalConns(), st.AcquiredConns())
+	}
+}
+
+// releaseTracer counts the release statements (of a term, by fencing
+// token) a pool sends.
+type releaseTracer struct{ n atomic.Int64 }
+
+func (c *releaseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "l.fencing_token = $4") && strings.Contains(d.SQL, "pg_notify") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *releaseTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A leader runs its release statement once per term, at the term's first
+// renew and to no effect (fencing token 0: no row, no NOTIFY), so that the
+// release its followers wait for is not the database session's first run
+// of that statement, which costs about twice a later one.
+func TestLeaderRunsReleaseAheadOncePerTerm(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, `LISTEN "`+tg.Prefix+`lease"`); err != nil {
+		t.Fatal(err)
+	}
+
+	var rel releaseTracer
+	cfg, err := pgxpool.ParseConfig(tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &rel
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	a := node(t, tg, pool, "a", nil)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	first := a.FencingToken()
+	waitRuns := func(want int64, what string) {
+		t.Helper()
+		waitFor(t, 3*time.Second, what, func() bool { return rel.n.Load() >= want })
+		time.Sleep(500 * time.Millisecond) // five heartbeats more: no second run in the term
+		if n := rel.n.Load(); n != want {
+			t.Fatalf("%s: the release statement ran %d times, want %d", what, n, want)
+		}
+	}
+	waitRuns(1, "the first term's run ahead")
+	if !a.IsLeader() || a.FencingToken() != first {
+		t.Fatalf("the run ahead ended the term: leads %v with token %d, was %d", a.IsLeader(), a.FencingToken(), first)
+	}
+
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rel.n.Load(); n != 2 {
+		t.Fatalf("Resign: the release statement ran %d times in all, want 2", n)
+	}
+	waitFor(t, 10*time.Second, "a to lead again", func() bool { return a.IsLeader() && a.FencingToken() > first })
+	waitRuns(3, "the second term's run ahead")
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rel.n.Load(); n != 4 {
+		t.Fatalf("Shutdown: the release statement ran %d times in all, want 4", n)
+	}
+
+	// Two releases, one notification each (with no other member to name,
+	// the two payloads are the same, sent once); the runs ahead sent none.
+	for i := range 2 {
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("notification %d of the two releases: %v", i+1, err)
+		}
+		if n.Payload != "leader" {
+			t.Errorf("notification %d = %q, want the lease name", i+1, n.Payload)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if n, err := listener.WaitForNotification(wctx); err == nil {
+		t.Fatalf("a third notification %q: a run ahead notified", n.Payload)
 	}
 }
