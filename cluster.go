@@ -471,16 +471,23 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.stopLookups()
 	c.waitForWork(ctx, "Shutdown")
 
-	// Stop the heartbeat and the lookups (their statements in flight are
-	// cancelled), and release without waiting for them to exit: the
-	// followers are waiting for the release, and the rest of the teardown
-	// concerns this node alone. The listener stops after the release:
-	// closing its connection ends a server process, which would compete
-	// with the release for the database's CPU.
-	c.cancel()
+	// Stop the heartbeat and the lookups, and release without waiting for
+	// them to exit: the followers are waiting for the release, and the rest
+	// of the teardown concerns this node alone. A leader first lets a renew
+	// in flight finish, for a little while (stepGrace): a statement
+	// cancelled in flight costs its connection (the driver closes it), and
+	// the release would then wait tens of milliseconds for a new one. The
+	// listener stops after the release: closing its connection ends a
+	// server process, which would compete with the release for the
+	// database's CPU.
 	var err error
 	if t != nil {
+		late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
 		c.quiesce(t)
+		late.Stop()
+	}
+	c.cancel()
+	if t != nil {
 		err = c.release(ctx, t.lease)
 		reason := ReasonShutdown
 		if err == nil {

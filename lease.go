@@ -325,10 +325,17 @@ func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) erro
 	return err
 }
 
+// stepGrace is how long Shutdown lets a heartbeat step in flight finish
+// before cancelling it: half a heartbeat, at most 250ms. A healthy renew
+// takes milliseconds; a longer one is cancelled as before.
+func stepGrace(heartbeat time.Duration) time.Duration {
+	return min(heartbeat/2, 250*time.Millisecond)
+}
+
 // quiesce makes sure that no renew of term t, which has ended, is in
 // flight or follows, before this node releases t from outside the heartbeat
-// goroutine (Shutdown, which cancels the heartbeat's context first, and
-// Resign). A renew that read the database clock before
+// goroutine (Shutdown, which cancels the heartbeat's context if that step
+// outlasts stepGrace, and Resign). A renew that read the database clock before
 // the release and waited for its row lock would otherwise find the row
 // unexpired after the release committed, and extend the released lease
 // (PostgreSQL and MySQL re-check an UPDATE's condition on the row version

@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -182,5 +184,75 @@ func TestShutdownWaitsForShutdownInHandler(t *testing.T) {
 	close(proceed)
 	if err := <-second; err != nil {
 		t.Fatalf("second Shutdown = %v", err)
+	}
+}
+
+// Shutdown lets a renew in flight finish before it releases, for up to
+// half a heartbeat, rather than cancelling it: a statement cancelled in
+// flight costs the driver its connection, and the release would then wait
+// for a new one. A renew that outlasts that grace is cancelled.
+func TestShutdownLetsRenewInFlightFinish(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		renew     time.Duration
+		cancelled bool
+	}{
+		{"quick renew", testdb.Heartbeat / 4, false},
+		{"stuck renew", time.Minute, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var armed, renewed atomic.Bool
+			entered := make(chan struct{})
+			var renewErr, releasedAfter atomic.Value
+			p := &fakeProvider{
+				RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+					if !armed.CompareAndSwap(true, false) {
+						return l, nil
+					}
+					close(entered)
+					select {
+					case <-ctx.Done():
+					case <-time.After(c.renew):
+					}
+					renewErr.Store(fmt.Sprint(ctx.Err()))
+					renewed.Store(true)
+					return l, ctx.Err()
+				},
+				ReleaseFunc: func(context.Context, cluster.Lease) error {
+					releasedAfter.Store(renewed.Load())
+					return nil
+				},
+			}
+			n, err := cluster.New(ctx, fakeConfig(t, "a", p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !n.IsLeader() {
+				t.Fatal("a does not lead")
+			}
+			armed.Store(true)
+			select {
+			case <-entered:
+			case <-time.After(10 * testdb.Heartbeat):
+				t.Fatal("no renew began")
+			}
+			start := time.Now()
+			if err := n.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			if got := renewErr.Load(); (got != "<nil>") != c.cancelled {
+				t.Errorf("the renew in flight ended with %v; want it cancelled: %v", got, c.cancelled)
+			}
+			if after, _ := releasedAfter.Load().(bool); !after {
+				t.Error("the release ran before the renew in flight had ended")
+			}
+			if c.cancelled && took > 10*testdb.Heartbeat {
+				t.Errorf("Shutdown took %v with a renew stuck in flight; want it cancelled after about half a heartbeat", took)
+			}
+		})
 	}
 }
