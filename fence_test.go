@@ -237,3 +237,45 @@ func TestMariaDBFenceStatements(t *testing.T) {
 		}
 	}
 }
+
+// A follower's attempt on a held lease neither locks the lease row nor
+// waits for it: a leader's fenced transaction, which holds the row FOR
+// SHARE until it ends, does not stall the followers' attempts (through a
+// transaction pooler each stalled attempt would hold a server connection),
+// and refused attempts do not queue the leader's renews behind them.
+// PostgreSQL reads the row from the statement's snapshot first; INSERT ...
+// ON CONFLICT DO UPDATE locks the conflicting row even when its WHERE
+// refuses the update.
+func TestRefusedAcquireDoesNotWaitForFence(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	a := start(t, tg, "a")
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	tx, err := a.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := a.Fence(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = p.Acquire(actx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
+	took := time.Since(began)
+	var held *cluster.LeaseHeldError
+	if !errors.As(err, &held) || held.Holder != "a" {
+		t.Fatalf("an attempt while a's fenced transaction is open returned %v after %v, want the lease held by a", err, took)
+	}
+	if took > time.Second {
+		t.Errorf("the refused attempt took %v: it waited for the fenced transaction", took)
+	}
+}

@@ -24,8 +24,9 @@ import (
 // scalePoint is one N of a scale run: N members of this package in one
 // process, each with a pool of its own, against one PostgreSQL.
 type scalePoint struct {
-	Via         string  `json:"via"`    // direct or pgbouncer
-	Driver      string  `json:"driver"` // sql (database/sql over pgx's stdlib) or pgx (clusterpgx over pgxpool)
+	Via         string  `json:"via"`              // direct or pgbouncer
+	Driver      string  `json:"driver"`           // sql (database/sql over pgx's stdlib) or pgx (clusterpgx over pgxpool)
+	NoPing      bool    `json:"noPing,omitempty"` // the members' pools skip pgx's ping before reusing a connection
 	N           int     `json:"n"`
 	Conns       int     `json:"connsPerMember"`
 	TTLMs       float64 `json:"ttlMs"`
@@ -111,6 +112,7 @@ func scale(ctx context.Context, args []string) error {
 	out := fs.String("out", "results", "directory of the JSON results")
 	name := fs.String("name", "", "the series' name: results/scale-NAME.json and the plots' legend (default: -via)")
 	verbose := fs.Bool("v", false, "log progress and the members' warnings")
+	ping := fs.Bool("ping", true, "let pgx ping a connection idle for over a second before reusing it (its default); -ping=false turns that off in the members' pools")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -171,7 +173,7 @@ func scale(ctx context.Context, args []string) error {
 	}
 
 	prefix := newPrefix()
-	tg := target{name: "postgres", dialect: cluster.Postgres, driver: "pgx", dsn: memberDSN, pgx: *driver == "pgx", prefix: prefix}
+	tg := target{name: "postgres", dialect: cluster.Postgres, driver: "pgx", dsn: memberDSN, pgx: *driver == "pgx", prefix: prefix, noPing: !*ping}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -184,7 +186,7 @@ func scale(ctx context.Context, args []string) error {
 
 	var points []scalePoint
 	for _, n := range counts {
-		p := scalePoint{Via: *via, Driver: *driver, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
+		p := scalePoint{Via: *via, Driver: *driver, NoPing: !*ping, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
 		if *via == "direct" {
 			if err := checkHeadroom(ctx, admin, n**conns+1, *headroom); err != nil {
 				p.Limited = err.Error()

@@ -14,8 +14,9 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
 	"github.com/sqlfence/cluster"
@@ -31,6 +32,11 @@ type target struct {
 	dsn     string
 	pgx     bool   // members hold the lease through clusterpgx
 	prefix  string // table prefix, unique to the run
+	// noPing turns off the liveness ping pgx (pgxpool and stdlib alike)
+	// sends before reusing a PostgreSQL connection idle for over a second:
+	// with heartbeats of a second or more, that is before every statement
+	// of a member, a round trip and a server transaction each.
+	noPing bool
 }
 
 // dsns are the databases of the run, from the flags.
@@ -85,15 +91,27 @@ func (tg target) openMember(ctx context.Context, conns int) (memberDB, error) {
 		}
 		cfg.MaxConns = int32(conns)
 		cfg.MinConns = 0
+		if tg.noPing {
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		}
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return memberDB{}, err
 		}
 		return memberDB{pool: pool, close: func() error { pool.Close(); return nil }}, nil
 	}
-	db, err := sql.Open(tg.driver, tg.dsn)
-	if err != nil {
-		return memberDB{}, err
+	var db *sql.DB
+	if tg.noPing && tg.dialect == cluster.Postgres {
+		cc, err := pgx.ParseConfig(tg.dsn)
+		if err != nil {
+			return memberDB{}, err
+		}
+		db = stdlib.OpenDB(*cc, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
+	} else {
+		var err error
+		if db, err = sql.Open(tg.driver, tg.dsn); err != nil {
+			return memberDB{}, err
+		}
 	}
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)

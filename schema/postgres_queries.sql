@@ -10,7 +10,14 @@
 -- args: holder, instance, ttl ms, endpoint, name.
 -- Grants a new term if the lease is free or expired, else reports the
 -- holder: granted, holder, instance, token, expires, endpoint, now, and
--- whether this database session ran the warm-up below.
+-- whether this database session ran the warm-up below. An attempt on a
+-- lease that the statement's snapshot shows unexpired is refused on that
+-- read alone: INSERT ... ON CONFLICT DO UPDATE would lock the row even
+-- when its WHERE refuses the update (and fire the insert triggers first),
+-- so every follower's attempt would wait for the leader's fenced
+-- transactions and queue its renews. A release that commits after the
+-- snapshot was taken is missed, as if the attempt had come just before it;
+-- a follower woken by its NOTIFY starts after that commit and sees it.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
            COALESCE(current_setting('sqlfence.{{prefix}}warm', true), '') = '1' AS warm
@@ -26,6 +33,7 @@ WITH clock AS (
            COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || $5), 0) + 1,
            now_ms, now_ms, now_ms + $3::bigint, $4
     FROM clock
+    WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}lease WHERE name = $5 AND expires_at > clock.now_ms)
     ON CONFLICT (name) DO UPDATE SET
         holder        = excluded.holder,
         instance      = excluded.instance,
