@@ -99,12 +99,30 @@ func (d *mySQL) ddlErrorOK(err error) bool {
 	return errors.As(err, &my) && my.Number == 1359
 }
 
-// acquire grants a term with one UPDATE, then reads the row: for the
-// expiry of the term granted, or for who holds the lease.
+// acquire reads the lease row first, without locking it, and stops there
+// when the term it shows is unexpired: InnoDB's UPDATE locks the row it
+// finds by the key even when the rest of its WHERE refuses it, so every
+// follower's attempt would wait for the leader's fenced transactions
+// (which hold the row in share mode) and queue its renews. Otherwise it
+// grants a term with one UPDATE, then reads the row again: for the expiry
+// of the term granted, or for who took it first. A release that commits
+// just after the read is missed, as if the attempt had come just before
+// it.
 func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
 	var r row
 	limit := statementLimit(ctx)
 	for attempt := 0; ; attempt++ {
+		err := r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
+		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
+			// No row yet: create a free one and try again.
+			if _, err := conn.Exec(ctx, d.bound(d.q.InsertRow, limit), req.Name); err != nil {
+				return false, r, err
+			}
+			continue
+		}
+		if err != nil || r.expiresAt > r.now {
+			return false, r, err
+		}
 		n, err := conn.Exec(ctx, d.bound(d.q.Acquire, limit), req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name)
 		if err != nil {
 			return false, r, err
@@ -115,15 +133,7 @@ func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bo
 				return false, r, err
 			}
 		}
-		err = r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
-		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
-			// No row yet: create a free one and try again.
-			if _, err := conn.Exec(ctx, d.bound(d.q.InsertRow, limit), req.Name); err != nil {
-				return false, r, err
-			}
-			continue
-		}
-		if err != nil {
+		if err := r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name)); err != nil {
 			return false, r, err
 		}
 		// The row still shows our term unless it already expired and was

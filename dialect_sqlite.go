@@ -53,8 +53,20 @@ func (d *sqlite) ddlErrorOK(error) bool { return false }
 
 func (d *sqlite) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
 	var r row
+	// Read first: a read takes no write lock (in WAL mode it waits for no
+	// writer either), so an attempt on an unexpired term neither waits for
+	// a fenced transaction nor holds up the leader's renew or the
+	// application's writes. A release that commits just after the read is
+	// missed, as if the attempt had come just before it.
+	err := r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
+	if err == nil && r.expiresAt > r.now {
+		return false, r, nil
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return false, r, err
+	}
 	var granted bool
-	err := conn.QueryRow(ctx, d.q.Acquire, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name).
+	err = conn.QueryRow(ctx, d.q.Acquire, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name).
 		Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		// Not granted: read who holds it.

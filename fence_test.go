@@ -243,12 +243,17 @@ func TestMariaDBFenceStatements(t *testing.T) {
 // SHARE until it ends, does not stall the followers' attempts (through a
 // transaction pooler each stalled attempt would hold a server connection),
 // and refused attempts do not queue the leader's renews behind them.
-// PostgreSQL reads the row from the statement's snapshot first; INSERT ...
-// ON CONFLICT DO UPDATE locks the conflicting row even when its WHERE
-// refuses the update.
+// The attempt reads the row first, without a lock: on PostgreSQL INSERT
+// ... ON CONFLICT DO UPDATE locks the conflicting row even when its WHERE
+// refuses the update, on MySQL an UPDATE locks the row its key finds, and
+// on SQLite any write waits for the one write lock a fenced transaction
+// holds.
 func TestRefusedAcquireDoesNotWaitForFence(t *testing.T) {
 	t.Parallel()
-	tg := testdb.New(t, cluster.Postgres)
+	testdb.ForEach(t, refusedAcquireDoesNotWaitForFence)
+}
+
+func refusedAcquireDoesNotWaitForFence(t *testing.T, tg testdb.Target) {
 	ctx := context.Background()
 	a := start(t, tg, "a")
 	if !a.IsLeader() {
