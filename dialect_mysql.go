@@ -31,7 +31,6 @@ type mySQL struct {
 		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
 		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
 		IdleTimeout     string `sql:"idle_timeout"`      // (none; see idleTimeout)
-		FenceMariaDB    string `sql:"fence_mariadb"`     // name, timeout ms
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
 		laneRenewQueries
@@ -174,37 +173,26 @@ func (d *mySQL) bound(q string, limit time.Duration) string {
 }
 
 // idleTimeout is the statement that lets MariaDB end this session's
-// transactions once they idle for ttl, rounded up to whole seconds.
+// transactions once they idle for ttl, rounded up to whole seconds, unless
+// the session already has a shorter limit.
 func (d *mySQL) idleTimeout(ttl time.Duration) string {
-	return strings.Replace(d.q.IdleTimeout, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10), 1)
+	return strings.ReplaceAll(d.q.IdleTimeout, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10))
 }
 
 // fence bounds the lock wait by limit and, on MariaDB, how long the
-// transaction may then idle by ttl. MariaDB's idle_transaction_timeout is
-// a session variable: it stays set on the connection after the
-// transaction ends, so the lease read also returns it, and it is set (in
-// this transaction, before Fence returns) only when it is unset or longer
-// than ttl; a shorter one the application chose is kept. On a pooled
-// connection that fenced before, that makes Fence one statement. MySQL 8
-// has no such variable.
+// transaction may then idle by ttl, set before the row is locked (see
+// the idle_timeout query). MariaDB's idle_transaction_timeout is a session
+// variable: it stays set on the connection after the transaction ends.
+// MySQL 8 has no such variable.
 func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
-	if !d.mariadb {
-		err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
-		return r, err
-	}
-	var idle int64
-	err := tx.QueryRow(ctx, d.bound(d.q.FenceMariaDB, limit), name, ttl.Milliseconds()).
-		Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now, &idle)
-	if err != nil {
-		return r, err
-	}
-	if idle <= 0 || idle > idleSeconds(ttl) {
+	if d.mariadb {
 		if _, err := tx.Exec(ctx, d.idleTimeout(ttl)); err != nil {
 			return r, err
 		}
 	}
-	return r, nil
+	err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+	return r, err
 }
 
 // idleSeconds is ttl in whole seconds, rounded up, at least 1: MariaDB's

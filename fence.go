@@ -47,9 +47,9 @@ var (
 //	// ... writes, storing token ...
 //	return tx.Commit()
 //
-// Cost: one round trip, a primary-key read. On MariaDB the read also
-// returns the session's idle timeout, which Fence sets (one statement
-// more) only on a connection that has not fenced before. While a fenced transaction is open the
+// Cost: one round trip, a primary-key read (two on MariaDB, which first
+// bounds the session's idle time: before the row is locked, so that no
+// wait for the client is unbounded while it is held). While a fenced transaction is open the
 // lease row cannot be renewed or acquired, so keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a

@@ -156,11 +156,15 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 }
 
 // On MariaDB, Fence bounds the session's idle_transaction_timeout by
-// LeaseTTL. The lease read, the one statement that takes arguments (two
-// round trips without interpolateParams), also returns the setting, and
-// Fence sets it, in a statement without arguments, only when it is unset
-// or longer: a connection that fenced before pays the lease read alone.
-func TestMariaDBFenceStatements(t *testing.T) {
+// LeaseTTL before it locks the lease row: the server picks the idle limit
+// each time it waits for the client's next statement, so a limit set after
+// the lock would leave that wait unbounded, and a client that vanished
+// right then would keep the row locked, and every node from leading, for
+// hours. The SET has no arguments, so go-sql-driver/mysql sends it as text
+// in one round trip; only the lease read is prepared (two round trips
+// without interpolateParams). A shorter limit the application chose is
+// kept.
+func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 	t.Parallel()
 	tg := testdb.New(t, cluster.MySQL)
 	ctx := context.Background()
@@ -197,19 +201,17 @@ func TestMariaDBFenceStatements(t *testing.T) {
 		return n
 	}
 	want := int((testdb.LeaseTTL + time.Second - 1) / time.Second)
-	cases := []struct {
-		before, sets, after int
-		what                string
-	}{
-		{0, 1, want, "unset: Fence sets it"},
-		{want, 0, want, "set by the last Fence on this connection: kept"},
-		{want + 3, 1, want, "longer than LeaseTTL: Fence shortens it"},
+	type setting struct {
+		before, after int
+		what          string
+	}
+	cases := []setting{
+		{0, want, "unset: Fence sets it"},
+		{want, want, "already LeaseTTL"},
+		{want + 3, want, "longer than LeaseTTL: Fence shortens it"},
 	}
 	if want > 1 {
-		cases = append(cases, struct {
-			before, sets, after int
-			what                string
-		}{want - 1, 0, want - 1, "shorter, as the application chose: kept"})
+		cases = append(cases, setting{want - 1, want - 1, "shorter, as the application chose: kept"})
 	}
 	for _, c := range cases {
 		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", c.before)); err != nil {
@@ -219,15 +221,17 @@ func TestMariaDBFenceStatements(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		prepared, sets := status("Com_stmt_prepare"), status("Com_set_option")
-		if _, err := a.Fence(ctx, tx); err != nil {
+		prepared := status("Com_stmt_prepare")
+		rec := &recordingTx{tx: tx}
+		if _, err := a.FenceWith(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
 		if n := status("Com_stmt_prepare") - prepared; n > 1 { // 0 with interpolateParams=true in the DSN
 			t.Errorf("%s: Fence prepared %d statements, want at most 1 (the lease read)", c.what, n)
 		}
-		if n := status("Com_set_option") - sets; n != c.sets {
-			t.Errorf("%s: Fence ran %d SET statements, want %d", c.what, n, c.sets)
+		if len(rec.queries) != 2 || !strings.HasPrefix(rec.queries[0], "SET SESSION idle_transaction_timeout") ||
+			!strings.Contains(rec.queries[1], "LOCK IN SHARE MODE") {
+			t.Errorf("%s: Fence sent %q; want the idle limit set, then the lease row locked", c.what, rec.queries)
 		}
 		if got := idle(); got != c.after {
 			t.Errorf("%s: idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", c.what, got, c.after, testdb.LeaseTTL)
@@ -236,6 +240,26 @@ func TestMariaDBFenceStatements(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// recordingTx is a cluster.Querier over tx that records the statements.
+type recordingTx struct {
+	tx      *sql.Tx
+	queries []string
+}
+
+func (r *recordingTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r.queries = append(r.queries, query)
+	res, err := r.tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
+	r.queries = append(r.queries, query)
+	return r.tx.QueryRowContext(ctx, query, args...)
 }
 
 // A follower's attempt on a held lease neither locks the lease row nor

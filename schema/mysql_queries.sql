@@ -76,16 +76,6 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
 
--- name: fence_mariadb
--- args: as fence. MariaDB: also returns the session's
--- idle_transaction_timeout (seconds, 0 for none), so that Fence sets it
--- only on a connection that does not have it yet: a pooled connection
--- keeps it, and a fence on it is then this one statement.
-SELECT holder, instance, fencing_token, expires_at, endpoint,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
-       @@session.idle_transaction_timeout
-FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
-
 -- name: lease_token
 -- args: name.
 SELECT fencing_token FROM {{prefix}}lease WHERE name = ?;
@@ -177,9 +167,14 @@ SET SESSION lock_wait_timeout = @sqlfence_lock_wait_timeout;
 -- name: idle_timeout
 -- args: none; {{seconds}}, whole seconds, is formatted in from a duration
 -- (never from input). MariaDB: the server ends a transaction idle this
--- long. Without arguments go-sql-driver/mysql sends it as text, one round
--- trip, where a statement with arguments is prepared and run, two.
-SET SESSION idle_transaction_timeout = {{seconds}};
+-- long; a shorter setting the application chose is kept. Sent before the
+-- lease row is locked: the server picks the idle limit each time it waits
+-- for the client's next statement, so a limit set after the lock would
+-- leave the wait for that statement unbounded (wait_timeout, 8 hours by
+-- default). Without arguments go-sql-driver/mysql sends it as text, one
+-- round trip, where a statement with arguments is prepared and run, two.
+SET SESSION idle_transaction_timeout =
+    IF(@@session.idle_transaction_timeout BETWEEN 1 AND {{seconds}}, @@session.idle_transaction_timeout, {{seconds}});
 
 -- name: bound_mariadb
 -- A lease statement with a server-side limit: {{seconds}} (fractional) for
