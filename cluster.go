@@ -271,7 +271,10 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		if c.halted != nil {
 			return fail(c.halted)
 		}
-		if w, ok := c.provider.(ReleaseWatcher); ok && !cfg.PollOnly {
+		// PollOnly turns off listening, not the wake-ups within this
+		// process, which only the default provider itself can keep apart.
+		_, plain := c.provider.(*DBProvider)
+		if w, ok := c.provider.(ReleaseWatcher); ok && (!cfg.PollOnly || plain) {
 			c.wg.Add(1)
 			go c.watchReleases(listenCtx, w)
 		}

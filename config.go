@@ -176,7 +176,8 @@ type Config struct {
 	// with clusterpgx's providers): followers then poll every heartbeat.
 	// Set it behind a transaction pooler such as PgBouncer in transaction
 	// mode, where LISTEN cannot work. Releases within one process are
-	// still heard.
+	// still heard (with the default provider; a provider that embeds it
+	// and overrides WatchReleases is not asked to watch at all).
 	PollOnly bool
 
 	// SkipMigrations makes New run no DDL: it checks that the cluster

@@ -91,15 +91,16 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 // once; the others are woken successorLead to twice that later, so that
 // they find the successor's term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
-	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, live)
+	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, live, true)
 }
 
 // watchNamed is WatchReleases, telling wake whether the release named
 // instance its successor, so that a node that cannot take the lease (it
 // holds off after Resign, or is stopping) can pass the turn on
 // (passRelease): the others then try at once rather than after
-// successorLead.
-func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool)) error {
+// successorLead. With listen false it hears releases in this process
+// only (Config.PollOnly), never through LISTEN.
+func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool), listen bool) error {
 	hear, stop := designated(instance, wake)
 	defer stop()
 	if key := p.releaseKey(name); key != "" {
@@ -120,7 +121,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake
 		}()
 	}
 	lp, ok := p.pool.(ListenPool)
-	if !ok || !p.d.notifies() {
+	if !ok || !p.d.notifies() || !listen {
 		<-ctx.Done()
 		return nil
 	}
@@ -291,7 +292,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
 				}
 			}()
-		}, live)
+		}, live, !c.cfg.PollOnly)
 	} else {
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
 	}

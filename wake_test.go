@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -15,28 +16,37 @@ import (
 func TestInProcessWakeUp(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		a := start(t, tg, "a", slow)
-		attempts := make(chan struct{}, 16)
-		b := start(t, tg, "b", slow, func(c *cluster.Config) {
-			c.Observer = func(o cluster.Operation) {
-				if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
-					select {
-					case attempts <- struct{}{}:
-					default:
+		// PollOnly turns off LISTEN only: releases in the process are heard.
+		for _, pollOnly := range []bool{false, true} {
+			t.Run(fmt.Sprintf("PollOnly=%v", pollOnly), func(t *testing.T) {
+				mode := func(c *cluster.Config) { c.PollOnly = pollOnly }
+				a := start(t, tg, "a", slow, mode)
+				attempts := make(chan struct{}, 16)
+				b := start(t, tg, "b", slow, mode, func(c *cluster.Config) {
+					c.Observer = func(o cluster.Operation) {
+						if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
+							select {
+							case attempts <- struct{}{}:
+							default:
+							}
+						}
 					}
+				})
+				if !a.IsLeader() {
+					t.Fatal("a does not lead")
 				}
-			}
-		})
-		if !a.IsLeader() {
-			t.Fatal("a does not lead")
+				<-attempts // b just tried: its next poll is a heartbeat (5s) away
+				if err := a.Resign(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				// Well before b's next poll, with room for a loaded machine.
+				took := waitFor(t, 3*time.Second, "b to take over when a resigned", b.IsLeader)
+				t.Logf("b led %v after a resigned (its next poll was up to 5s away)", took.Round(time.Millisecond))
+				if pollOnly && b.Stats().HearingReleases {
+					t.Error("a PollOnly node reports that it hears releases (from other processes)")
+				}
+			})
 		}
-		<-attempts // b just tried: its next poll is a heartbeat (5s) away
-		if err := a.Resign(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		// Well before b's next poll, with room for a loaded machine.
-		took := waitFor(t, 3*time.Second, "b to take over when a resigned", b.IsLeader)
-		t.Logf("b led %v after a resigned (its next poll was up to 5s away)", took.Round(time.Millisecond))
 	})
 }
 
