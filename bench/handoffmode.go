@@ -7,10 +7,12 @@ import (
 	"github.com/sqlfence/cluster/clusterpgx"
 )
 
-// PostgreSQL handoff modes for -pg-handoff. With "poll" a follower of this
-// package learns of a released lease at its next attempt, within one
-// heartbeat (Config.PollOnly). With "notify" the release's NOTIFY wakes the
-// followers at once: they LISTEN through clusterpgx's providers
+// PostgreSQL handoff modes for -pg-handoff. With "poll" followers do not
+// LISTEN (Config.PollOnly): across processes (-procs) a follower learns of
+// a released lease at its next attempt, within one heartbeat; members of
+// the bench's one process still wake each other in memory, as SQLite's and
+// MariaDB's do. With "notify" the release's NOTIFY also wakes followers in
+// other processes at once: they LISTEN through clusterpgx's providers
 // (NewStdlibProvider for the database/sql members, NewProvider for pgx).
 //
 //	go run . compare -only handoff -systems postgres,pgx -pg-handoff notify
