@@ -476,19 +476,25 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 
 	// Stop the heartbeat and the lookups, and release without waiting for
 	// them to exit: the followers are waiting for the release, and the rest
-	// of the teardown concerns this node alone. A leader first lets a renew
-	// in flight finish, for a little while (stepGrace): a statement
-	// cancelled in flight costs its connection (the driver closes it), and
-	// the release would then wait tens of milliseconds for a new one. The
+	// of the teardown concerns this node alone. It first lets a renew or
+	// an attempt in flight finish, for a little while (stepGrace): a
+	// statement cancelled in flight costs its connection (the driver closes
+	// it), the release would then wait tens of milliseconds for a new one,
+	// and an attempt cut off may have been granted unbeknown to us. The
 	// listener stops after the release: closing its connection ends a
 	// server process, which would compete with the release for the
 	// database's CPU.
 	var err error
+	late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
 	if t != nil {
-		late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
 		c.quiesce(t)
-		late.Stop()
+	} else {
+		// An attempt in flight: one that is granted gives the term back
+		// itself, on its connection, as Shutdown has begun (campaign).
+		c.stepMu.Lock()
+		c.stepMu.Unlock()
 	}
+	late.Stop()
 	c.cancel()
 	if t != nil {
 		err = c.release(ctx, t.lease)

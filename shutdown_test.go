@@ -190,7 +190,8 @@ func TestShutdownWaitsForShutdownInHandler(t *testing.T) {
 // Shutdown lets a renew in flight finish before it releases, for up to
 // half a heartbeat, rather than cancelling it: a statement cancelled in
 // flight costs the driver its connection, and the release would then wait
-// for a new one. A renew that outlasts that grace is cancelled.
+// for a new one. A renew that outlasts that grace is cancelled. A
+// follower's attempt in flight is let finish the same way.
 func TestShutdownLetsRenewInFlightFinish(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -254,5 +255,47 @@ func TestShutdownLetsRenewInFlightFinish(t *testing.T) {
 				t.Errorf("Shutdown took %v with a renew stuck in flight; want it cancelled after about half a heartbeat", took)
 			}
 		})
+	}
+}
+
+func TestShutdownLetsAttemptInFlightFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var armed atomic.Bool
+	entered := make(chan struct{})
+	var attemptErr atomic.Value
+	held := func(cluster.LeaseRequest) error {
+		// Due to expire at once: the next attempt follows within a heartbeat.
+		return &cluster.LeaseHeldError{Holder: "other", Instance: "other-instance", FencingToken: 1, Remaining: time.Millisecond}
+	}
+	p := &fakeProvider{
+		AcquireFunc: func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			if !armed.CompareAndSwap(true, false) {
+				return cluster.Lease{}, held(r)
+			}
+			close(entered)
+			select {
+			case <-ctx.Done():
+			case <-time.After(testdb.Heartbeat / 4):
+			}
+			attemptErr.Store(fmt.Sprint(ctx.Err()))
+			return cluster.Lease{}, held(r)
+		},
+	}
+	n, err := cluster.New(ctx, fakeConfig(t, "b", p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	select {
+	case <-entered:
+	case <-time.After(20 * testdb.Heartbeat):
+		t.Fatal("no attempt began")
+	}
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := attemptErr.Load(); got != "<nil>" {
+		t.Errorf("the attempt in flight ended with %v; want it let finish", got)
 	}
 }
