@@ -18,7 +18,7 @@ import (
 
 func TestService(t *testing.T) {
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "orders.db")+"?_pragma=busy_timeout(5000)&_txlock=immediate")
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "orders.db")+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate") // as main.go opens it
 	if err != nil {
 		t.Fatal(err)
 	}
