@@ -31,6 +31,7 @@ type mySQL struct {
 		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
 		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
 		IdleTimeout     string `sql:"idle_timeout"`      // (none; see idleTimeout)
+		AcquireRead     string `sql:"acquire_read"`      // name
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
 		laneRenewQueries
@@ -111,7 +112,7 @@ func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bo
 	var r row
 	limit := statementLimit(ctx)
 	for attempt := 0; ; attempt++ {
-		err := r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
+		err := r.scan(conn.QueryRow(ctx, d.q.AcquireRead, req.Name))
 		if errors.Is(err, sql.ErrNoRows) && attempt == 0 {
 			// No row yet: create a free one and try again.
 			if _, err := conn.Exec(ctx, d.bound(d.q.InsertRow, limit), req.Name); err != nil {
@@ -132,7 +133,7 @@ func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bo
 				return false, r, err
 			}
 		}
-		if err := r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name)); err != nil {
+		if err := r.scan(conn.QueryRow(ctx, d.q.AcquireRead, req.Name)); err != nil {
 			return false, r, err
 		}
 		// The row still shows our term unless it already expired and was

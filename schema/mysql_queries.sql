@@ -67,6 +67,16 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ?;
 
+-- name: acquire_read
+-- args: name. What leader returns, for an acquisition's reads, with now
+-- no earlier than the row's last renewal: a read can see a term granted
+-- after its own statement's clock was taken (the clock is fixed when the
+-- statement starts, the rows when it first reads), and that term would
+-- then seem to have more than its TTL left.
+SELECT holder, instance, fencing_token, expires_at, endpoint,
+       GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at)
+FROM {{prefix}}lease WHERE name = ?;
+
 -- name: fence
 -- args: name, timeout ms (applied by the bound_* prefix and idle_timeout,
 -- not here). Returns what leader returns. LOCK IN SHARE MODE holds the row
