@@ -137,18 +137,40 @@ func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuer
 
 // countingPool is newPool with every statement counted by n.
 func countingPool(t *testing.T, tg testdb.Target, n *countingTracer) *pgxpool.Pool {
+	return tracedPool(t, tg, n)
+}
+
+// tracedPool is newPool with tracer on every connection.
+func tracedPool(t *testing.T, tg testdb.Target, tracer pgx.QueryTracer) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(tg.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.Tracer = n
+	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// listenToReleases opens a connection of its own that LISTENs on the
+// channel the release statements of tg's tables NOTIFY, closed when the
+// test ends.
+func listenToReleases(t *testing.T, tg testdb.Target) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close(ctx) })
+	if _, err := listener.Exec(ctx, `LISTEN "`+tg.Prefix+`lease"`); err != nil {
+		t.Fatal(err)
+	}
+	return listener
 }
 
 // The steady-state load with NOTIFY: the leader renews once per
@@ -195,14 +217,7 @@ func TestListeningFollowersStatements(t *testing.T) {
 func TestReleaseNotifiesSuccessor(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, tg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, `LISTEN "`+tg.Prefix+`lease"`); err != nil {
-		t.Fatal(err)
-	}
+	listener := listenToReleases(t, tg)
 	next := func() string {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -331,27 +346,10 @@ func (c *releaseTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuery
 func TestLeaderRunsReleaseAheadOncePerTerm(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, tg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, `LISTEN "`+tg.Prefix+`lease"`); err != nil {
-		t.Fatal(err)
-	}
+	listener := listenToReleases(t, tg)
 
 	var rel releaseTracer
-	cfg, err := pgxpool.ParseConfig(tg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = &rel
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	a := node(t, tg, pool, "a", nil)
+	a := node(t, tg, tracedPool(t, tg, &rel), "a", nil)
 	if !a.IsLeader() {
 		t.Fatal("a does not lead")
 	}
