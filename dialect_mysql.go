@@ -31,6 +31,7 @@ type mySQL struct {
 		LockWaitSave    string `sql:"lock_wait_save"`    // seconds
 		LockWaitRestore string `sql:"lock_wait_restore"` // (none)
 		IdleTimeout     string `sql:"idle_timeout"`      // (none; see idleTimeout)
+		FenceMariaDB    string `sql:"fence_mariadb"`     // name
 		AcquireRead     string `sql:"acquire_read"`      // name
 		BoundMariaDB    string `sql:"bound_mariadb"`     // template
 		BoundMySQL      string `sql:"bound_mysql"`       // template
@@ -181,18 +182,32 @@ func (d *mySQL) idleTimeout(ttl time.Duration) string {
 }
 
 // fence bounds the lock wait by limit and, on MariaDB, how long the
-// transaction may then idle by ttl, set before the row is locked (see
-// the idle_timeout query). MariaDB's idle_transaction_timeout is a session
-// variable: it stays set on the connection after the transaction ends.
-// MySQL 8 has no such variable.
+// transaction may then idle by ttl, in place before the row is locked:
+// the server applies the idle limit each time it waits for the client's
+// next statement, so a limit set after the lock would leave the wait for
+// that statement unbounded. MariaDB's idle_transaction_timeout is a
+// session variable and stays set on the connection after the transaction
+// ends, so fence first tries the read that locks only on a session that
+// has it (fence_mariadb): one statement on a connection that fenced
+// before; otherwise that read locks nothing and fence sets the limit and
+// reads again. MySQL 8 has no such variable.
 func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
-	if d.mariadb {
-		if _, err := tx.Exec(ctx, d.idleTimeout(ttl)); err != nil {
-			return r, err
-		}
+	if !d.mariadb {
+		err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+		return r, err
 	}
-	err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+	q := d.bound(strings.ReplaceAll(d.q.FenceMariaDB, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10)), limit)
+	err := r.scan(tx.QueryRow(ctx, q, name))
+	if !errors.Is(err, sql.ErrNoRows) {
+		return r, err
+	}
+	// No row: the session lacks the limit (or the lease row is missing,
+	// which the read after the limit reports).
+	if _, err := tx.Exec(ctx, d.idleTimeout(ttl)); err != nil {
+		return r, err
+	}
+	err = r.scan(tx.QueryRow(ctx, q, name))
 	return r, err
 }
 

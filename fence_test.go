@@ -155,15 +155,18 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 	})
 }
 
-// On MariaDB, Fence bounds the session's idle_transaction_timeout by
-// LeaseTTL before it locks the lease row: the server picks the idle limit
-// each time it waits for the client's next statement, so a limit set after
-// the lock would leave that wait unbounded, and a client that vanished
-// right then would keep the row locked, and every node from leading, for
-// hours. The SET has no arguments, so go-sql-driver/mysql sends it as text
-// in one round trip; only the lease read is prepared (two round trips
-// without interpolateParams). A shorter limit the application chose is
-// kept.
+// On MariaDB, Fence never holds the lease row locked while the session
+// lacks an idle_transaction_timeout of at most LeaseTTL: the server picks
+// the idle limit each time it waits for the client's next statement, so a
+// lock taken before the limit would leave that wait unbounded, and a
+// client that vanished right then would keep the row locked, and every
+// node from leading, for hours. After every statement Fence sends, the
+// test checks from another connection that the row is free unless the
+// limit is in place. A session that has the limit (it fenced before) is
+// fenced in one statement; one without it in three (a read that locks
+// nothing, the SET, the read). The SET has no arguments, so
+// go-sql-driver/mysql sends it as text in one round trip. A shorter limit
+// the application chose is kept.
 func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 	t.Parallel()
 	tg := testdb.New(t, cluster.MySQL)
@@ -184,6 +187,7 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	other := tg.Open(t)
 	status := func(name string) int {
 		t.Helper()
 		var n int
@@ -200,18 +204,39 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		}
 		return n
 	}
+	// locked reports whether the lease row stays locked against another
+	// connection's NOWAIT lock over several tries (a's renews lock it for
+	// a moment each heartbeat).
+	locked := func() bool {
+		t.Helper()
+		for try := 0; try < 5; try++ {
+			otx, err := other.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var name string
+			err = otx.QueryRowContext(ctx, "SELECT name FROM "+tg.Prefix+"lease WHERE name = ? FOR UPDATE NOWAIT", "leader").Scan(&name)
+			otx.Rollback()
+			if err == nil {
+				return false
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return true
+	}
 	want := int((testdb.LeaseTTL + time.Second - 1) / time.Second)
 	type setting struct {
 		before, after int
+		statements    int
 		what          string
 	}
 	cases := []setting{
-		{0, want, "unset: Fence sets it"},
-		{want, want, "already LeaseTTL"},
-		{want + 3, want, "longer than LeaseTTL: Fence shortens it"},
+		{0, want, 3, "unset: Fence sets it"},
+		{want, want, 1, "already LeaseTTL: one statement"},
+		{want + 3, want, 3, "longer than LeaseTTL: Fence shortens it"},
 	}
 	if want > 1 {
-		cases = append(cases, setting{want - 1, want - 1, "shorter, as the application chose: kept"})
+		cases = append(cases, setting{want - 1, want - 1, 1, "shorter, as the application chose: kept"})
 	}
 	for _, c := range cases {
 		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", c.before)); err != nil {
@@ -222,16 +247,31 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 			t.Fatal(err)
 		}
 		prepared := status("Com_stmt_prepare")
-		rec := &recordingTx{tx: tx}
+		rec := &recordingTx{tx: tx, after: func(query string) {
+			if n := idle(); (n < 1 || n > want) && locked() {
+				t.Errorf("%s: after %q the lease row is locked while idle_transaction_timeout is %d", c.what, query, n)
+			}
+		}}
 		if _, err := a.FenceWith(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
-		if n := status("Com_stmt_prepare") - prepared; n > 1 { // 0 with interpolateParams=true in the DSN
-			t.Errorf("%s: Fence prepared %d statements, want at most 1 (the lease read)", c.what, n)
+		reads := 0
+		for _, q := range rec.queries {
+			if strings.Contains(q, "LOCK IN SHARE MODE") {
+				reads++
+			}
 		}
-		if len(rec.queries) != 2 || !strings.HasPrefix(rec.queries[0], "SET SESSION idle_transaction_timeout") ||
-			!strings.Contains(rec.queries[1], "LOCK IN SHARE MODE") {
-			t.Errorf("%s: Fence sent %q; want the idle limit set, then the lease row locked", c.what, rec.queries)
+		if n := status("Com_stmt_prepare") - prepared; n > reads { // 0 with interpolateParams=true in the DSN
+			t.Errorf("%s: Fence prepared %d statements, want at most %d (the lease reads)", c.what, n, reads)
+		}
+		switch n := len(rec.queries); {
+		case n != c.statements || !strings.Contains(rec.queries[n-1], "LOCK IN SHARE MODE"):
+			t.Errorf("%s: Fence sent %q; want %d statements, the last the lease read", c.what, rec.queries, c.statements)
+		case n == 3 && !strings.HasPrefix(rec.queries[1], "SET SESSION idle_transaction_timeout"):
+			t.Errorf("%s: Fence sent %q; want the idle limit set before the second read", c.what, rec.queries)
+		}
+		if !locked() {
+			t.Errorf("%s: the lease row is not locked after Fence", c.what)
 		}
 		if got := idle(); got != c.after {
 			t.Errorf("%s: idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", c.what, got, c.after, testdb.LeaseTTL)
@@ -246,20 +286,40 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 type recordingTx struct {
 	tx      *sql.Tx
 	queries []string
+	after   func(query string) // if set, runs after each statement
 }
 
 func (r *recordingTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	r.queries = append(r.queries, query)
 	res, err := r.tx.ExecContext(ctx, query, args...)
+	if r.after != nil {
+		r.after(query)
+	}
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
+// afterScan is a row that runs after once it is scanned (and its
+// statement done with the connection).
+type afterScan struct {
+	row   *sql.Row
+	after func()
+}
+
+func (a afterScan) Scan(dest ...any) error {
+	err := a.row.Scan(dest...)
+	a.after()
+	return err
+}
+
 func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
 	r.queries = append(r.queries, query)
-	return r.tx.QueryRowContext(ctx, query, args...)
+	if r.after == nil {
+		return r.tx.QueryRowContext(ctx, query, args...)
+	}
+	return afterScan{r.tx.QueryRowContext(ctx, query, args...), func() { r.after(query) }}
 }
 
 // A follower's attempt on a held lease neither locks the lease row nor

@@ -86,6 +86,21 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease WHERE name = ? AND ? IS NOT NULL LOCK IN SHARE MODE;
 
+-- name: fence_mariadb
+-- args: name; {{seconds}}, whole seconds, is formatted in from a duration
+-- (never from input). MariaDB's fence: the same read, taken only when the
+-- session already ends a transaction idle {{seconds}} or less (see
+-- idle_timeout). The condition holds no column, so the server decides it
+-- before it reads the table: on a session without the limit the statement
+-- returns no row and locks nothing ("Impossible WHERE"), and fence sets the
+-- limit and reads again. A connection that fenced before keeps the limit,
+-- so a fence on it is this one statement.
+SELECT holder, instance, fencing_token, expires_at, endpoint,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+FROM {{prefix}}lease
+WHERE name = ? AND @@session.idle_transaction_timeout BETWEEN 1 AND {{seconds}}
+LOCK IN SHARE MODE;
+
 -- name: lease_token
 -- args: name.
 SELECT fencing_token FROM {{prefix}}lease WHERE name = ?;
