@@ -327,6 +327,7 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
 		}
 		if granted {
+			p.announceTaken(req.Name, req.Instance)
 			return r.lease(req.Name), nil
 		}
 		// Refused, yet the row read back is free: another node won a race

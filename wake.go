@@ -41,6 +41,7 @@ var localReleases = struct {
 type localWaiter struct {
 	instance string
 	hear     func(successor string)
+	taken    func() // the lease was granted (designated's taken)
 }
 
 // successorLead is how long a woken follower that is not the named
@@ -83,6 +84,28 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 	}
 }
 
+// announceTaken tells the local watchers of lease name, but the new
+// holder's own, that it was granted: a follower that heard the release and
+// waits out successorLead before it tries need not try, as its attempt
+// would be refused. (It keeps its own schedule: it polls, or, hearing
+// releases, sleeps until the term it knew of was to expire, and learns the
+// new one then.) At a handoff among many members of one process this
+// saves one refused statement per member, all sent within successorLead
+// of each other, which queue with the winner's first renew.
+func (p *DBProvider) announceTaken(name, holder string) {
+	key := p.releaseKey(name)
+	if key == "" {
+		return
+	}
+	localReleases.Lock()
+	defer localReleases.Unlock()
+	for w := range localReleases.m[key] {
+		if w.instance != holder {
+			w.taken()
+		}
+	}
+}
+
 // WatchReleases implements [ReleaseWatcher]: releases in this process are
 // heard through memory, and on PostgreSQL, when the Pool is a
 // [ListenPool], releases by other processes through LISTEN on channel
@@ -101,10 +124,10 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 // successorLead. With listen false it hears releases in this process
 // only (Config.PollOnly), never through LISTEN.
 func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool), listen bool) error {
-	hear, stop := designated(instance, wake)
+	hear, taken, stop := designated(instance, wake)
 	defer stop()
 	if key := p.releaseKey(name); key != "" {
-		w := &localWaiter{instance: instance, hear: hear}
+		w := &localWaiter{instance: instance, hear: hear, taken: taken}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
 			localReleases.m[key] = map[*localWaiter]struct{}{}
@@ -189,12 +212,15 @@ type passer interface {
 // names successor: it calls wake(true) at once when successor is instance,
 // wake(false) at once when it is "" (a release that named none), else
 // wake(false) after a random delay in [successorLead, 2*successorLead),
-// once however many releases it hears meanwhile. stop cancels a pending
-// wake.
-func designated(instance string, wake func(named bool)) (hear func(successor string), stop func()) {
+// once however many releases it hears meanwhile. taken tells it that the
+// lease was granted: it cancels a pending delayed wake, and ignores the
+// releases that would delay one for the next 2*successorLead (on
+// PostgreSQL a release is heard twice, in process and by LISTEN, and the
+// second can come after the grant). stop cancels a pending wake.
+func designated(instance string, wake func(named bool)) (hear func(successor string), taken, stop func()) {
 	var mu sync.Mutex
 	var pending *time.Timer
-	var due time.Time
+	var due, quiet time.Time
 	hear = func(successor string) {
 		if successor == "" || successor == instance || successorLead <= 0 {
 			// At once; a delayed wake still pending (a named release
@@ -210,8 +236,8 @@ func designated(instance string, wake func(named bool)) (hear func(successor str
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if time.Now().Before(due) {
-			return // a wake is pending already
+		if now := time.Now(); now.Before(due) || now.Before(quiet) {
+			return // a wake is pending already, or the lease was just granted
 		}
 		d := successorLead + rand.N(successorLead)
 		due = time.Now().Add(d)
@@ -224,11 +250,17 @@ func designated(instance string, wake func(named bool)) (hear func(successor str
 	stop = func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if pending != nil {
-			pending.Stop()
+		if pending != nil && pending.Stop() {
+			due = time.Time{}
 		}
 	}
-	return hear, stop
+	taken = func() {
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		quiet = time.Now().Add(2 * successorLead)
+	}
+	return hear, taken, stop
 }
 
 // watchReleases is the goroutine that hears releases for a candidate.
