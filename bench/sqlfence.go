@@ -295,8 +295,13 @@ func (s *sqlfenceSystem) start(ctx context.Context, slot int) error {
 			traceAt(e.At, id, "acquired event x")
 		}
 	}
-	if tracing && cfg.Observer == nil {
-		cfg.Observer = func(o cluster.Operation) { traceOp(id, o) }
+	if observe := cfg.Observer; tracing {
+		cfg.Observer = func(o cluster.Operation) {
+			if observe != nil {
+				observe(o)
+			}
+			traceOp(id, o)
+		}
 	}
 	if s.configure != nil {
 		if err := s.configure(&cfg); err != nil {
