@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -201,4 +203,75 @@ func TestSuccessorThatCannotLeadPassesOn(t *testing.T) {
 // fraction of it can only come from a wake-up.
 func slow(c *cluster.Config) {
 	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+}
+
+// A PostgreSQL attempt that is refused commits without waiting for its
+// WAL flush (its one write is the membership heartbeat); one that grants
+// waits for it, as the term must outlive a server crash. The test runs the
+// attempt inside a transaction of its own, where the setting the
+// statement made for its transaction can still be read.
+func TestRefusedAttemptCommitsAsynchronously(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	a := start(t, tg, "a")
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	db := tg.Open(t)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The session counts as warmed up, so no warm-up (which sets the
+	// setting itself, for its scratch grants) runs after a refusal.
+	if _, err := conn.ExecContext(ctx, "SELECT set_config('sqlfence."+tg.Prefix+"warm', '1', false)"); err != nil {
+		t.Fatal(err)
+	}
+	var server string
+	if err := conn.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	if server == "off" {
+		t.Skip("the server commits asynchronously anyway (synchronous_commit = off)")
+	}
+	for _, c := range []struct {
+		lease, want string
+		granted     bool
+	}{
+		{"leader", "off", false},    // a holds it
+		{"elsewhere", server, true}, // free: granted
+	} {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := cluster.NewSQLProvider(txPool{tx}, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Acquire(ctx, cluster.LeaseRequest{Name: c.lease, Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
+		var held *cluster.LeaseHeldError
+		if got := err == nil; got != c.granted || (!got && !errors.As(err, &held)) {
+			t.Fatalf("Acquire(%q) = %v, want granted %v", c.lease, err, c.granted)
+		}
+		var setting string
+		if err := tx.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+			t.Fatal(err)
+		}
+		if setting != c.want {
+			t.Errorf("Acquire(%q), granted %v: synchronous_commit = %q for its transaction, want %q", c.lease, c.granted, setting, c.want)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// txPool is a cluster.Pool whose every connection is tx.
+type txPool struct{ tx *sql.Tx }
+
+func (p txPool) Conn(context.Context) (cluster.Querier, func(), error) {
+	return &recordingTx{tx: p.tx}, func() {}, nil
 }
