@@ -142,9 +142,10 @@ type Config struct {
 
 	// ResignHoldOff is how long after its release a node that called
 	// [Cluster.Resign] waits before it campaigns again, so that another node
-	// can take the lease. Followers try at least once per heartbeat, so the
-	// default, HeartbeatInterval and a quarter, lets every one of them try
-	// first. At most LeaseTTL.
+	// can take the lease. Followers try at least once every 1.2
+	// heartbeats (a random 80% to 120% of one), so the default,
+	// HeartbeatInterval and a quarter, lets every one of them try first.
+	// At most LeaseTTL.
 	ResignHoldOff time.Duration
 
 	// Endpoint is this node's routable URL, published to the discovery

@@ -90,7 +90,7 @@
 // leader-changed, which every node emits, followers included, when it
 // learns of a new term or of the lease becoming free. Candidates learn it
 // from the attempts they make anyway; nodes with [RoleFollower] read the
-// lease once per heartbeat. A handler in Config.OnTransition sees every
+// lease about once per heartbeat. A handler in Config.OnTransition sees every
 // event from the first acquisition on, even one made before [New]
 // returns; a handler registered later sees the events emitted after it was
 // registered. [Event.Reason] is a [Reason] to switch on; free text is in

@@ -33,8 +33,8 @@ const (
 	// LeaderEndpoint and FencingToken describe the new term; a free lease
 	// has an empty LeaderID and the token of the term that ended. Every
 	// node emits it, followers included: candidates learn from the
-	// attempts they already make, at most one heartbeat late; nodes with
-	// [RoleFollower] read the lease once per heartbeat.
+	// attempts they already make, at most 1.2 heartbeats late; nodes
+	// with [RoleFollower] read the lease about once per heartbeat.
 	EventLeaderChanged EventKind = "leader-changed"
 	// EventRollbackDetected: this node found the database rolled back (see
 	// [ErrRollbackDetected]); it released the lease if it held it and

@@ -197,7 +197,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 	c.quiesce(t)
 	err := c.release(context.WithoutCancel(ctx), t.lease)
 	// The hold-off counts from the release: the followers, which try at
-	// least once per heartbeat, get there first.
+	// least once every 1.2 heartbeats, get there first.
 	c.holdUntil.Store(monoAfter(mono(), c.cfg.ResignHoldOff))
 	c.retiring.CompareAndSwap(t, nil)
 	reason := ReasonResigned

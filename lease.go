@@ -287,16 +287,18 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 }
 
 // pollInterval is how long a follower waits between two attempts, when
-// the lease does not expire sooner: a random 75% to 125% of the
-// heartbeat, one heartbeat on average. Followers that tried together (all
-// of them, at a crashed leader's expiry, or after a database outage)
-// would otherwise poll together from then on, each second a burst of one
-// statement per member that the leader's renews and the next handoff
-// queue behind (at 1000 members through PgBouncer, 100-170 ms); one such
-// wait spreads them over half a heartbeat.
+// the lease does not expire sooner: a random 80% to 120% of the
+// heartbeat, one heartbeat on average, and less than the default
+// ResignHoldOff (a heartbeat and a quarter), so that every follower still
+// tries before a resigned node campaigns again. Followers that tried
+// together (all of them, at a crashed leader's expiry, or after a
+// database outage) would otherwise poll together from then on, each
+// heartbeat a burst of one statement per member that the leader's renews
+// and the next handoff queue behind (at 1000 members through PgBouncer,
+// 100-170 ms); one such wait spreads them over 40% of a heartbeat.
 func (c *Cluster) pollInterval() time.Duration {
 	hb := c.cfg.HeartbeatInterval
-	return hb - hb/4 + rand.N(hb/2+1)
+	return hb - hb/5 + rand.N(2*hb/5+1)
 }
 
 // acquireTimeout bounds one acquisition. A grant is worth having as long
@@ -405,7 +407,8 @@ func (c *Cluster) observe(o observed, leader, endpoint string) {
 }
 
 // watch is the goroutine of a RoleFollower node, which never campaigns: it
-// reads the lease once per heartbeat to report leader-changed.
+// reads the lease about once per heartbeat (pollInterval) to report
+// leader-changed.
 func (c *Cluster) watch(ctx context.Context) {
 	defer c.wg.Done()
 	defer c.heartbeating.Store(false)

@@ -9,7 +9,7 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
-// A follower waits a random 75% to 125% of the heartbeat between two
+// A follower waits a random 80% to 120% of the heartbeat between two
 // attempts, not exactly one heartbeat after the last one ended: followers
 // that tried together (at a crashed leader's expiry, say) would otherwise
 // poll together for good. An attempt starting less than a heartbeat after
@@ -48,8 +48,8 @@ func TestFollowersPollAtRandomIntervals(t *testing.T) {
 			if gap < testdb.Heartbeat {
 				short++
 			}
-			if gap < testdb.Heartbeat*3/4-5*time.Millisecond {
-				t.Errorf("b tried %v after its previous attempt began, under 75%% of the heartbeat (%v)", gap, testdb.Heartbeat)
+			if gap < testdb.Heartbeat*4/5-5*time.Millisecond {
+				t.Errorf("b tried %v after its previous attempt began, under 80%% of the heartbeat (%v)", gap, testdb.Heartbeat)
 			}
 		}
 		t.Logf("%d gaps between b's attempts, %v to %v, %d under one heartbeat", gaps, lo, hi, short)
