@@ -267,6 +267,31 @@ func TestRefusedAttemptCommitsAsynchronously(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Both in one transaction: the refusal's setting must not carry over
+	// to the grant.
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	p, err := cluster.NewSQLProvider(txPool{tx}, tg.Dialect, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held *cluster.LeaseHeldError
+	if _, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); !errors.As(err, &held) {
+		t.Fatalf("Acquire(leader) = %v, want the lease held by a", err)
+	}
+	if _, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "elsewhere", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); err != nil {
+		t.Fatalf("Acquire(elsewhere) = %v, want it granted", err)
+	}
+	var setting string
+	if err := tx.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "on" {
+		t.Errorf("a grant after a refusal in one transaction: synchronous_commit = %q, want on", setting)
+	}
 }
 
 // txPool is a cluster.Pool whose every connection is tx.

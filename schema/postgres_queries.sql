@@ -23,7 +23,10 @@
 -- membership heartbeat, which a server crash may lose at no cost, and
 -- followers' attempts are most of a large cluster's statements (a fifth
 -- less server CPU each, with pgbench). A grant waits for the flush, as
--- ever: the CASE sets nothing when the statement granted.
+-- ever: the CASE sets nothing when the statement granted, and a grant
+-- puts the setting back on for its transaction if it is off (a refused
+-- attempt earlier in the same transaction, on a Pool whose connections
+-- are transactions, would otherwise have turned it off for the grant too).
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
            COALESCE(current_setting('sqlfence.{{prefix}}warm', true), '') = '1' AS warm
@@ -53,6 +56,7 @@ WITH clock AS (
 )
 SELECT true, g.holder, g.instance, g.fencing_token, g.expires_at, g.endpoint, c.now_ms, c.warm
 FROM granted g, clock c
+WHERE current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL
 UNION ALL
 SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms, c.warm
 FROM {{prefix}}lease l, clock c
