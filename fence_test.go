@@ -156,7 +156,9 @@ func TestFencedWritersAcrossTakeover(t *testing.T) {
 }
 
 // On MariaDB, Fence never holds the lease row locked while the session
-// lacks an idle_transaction_timeout of at most LeaseTTL: the server picks
+// lacks an idle limit of at most LeaseTTL (idle_transaction_timeout, and
+// idle_write_transaction_timeout and idle_readonly_transaction_timeout,
+// which take precedence when set): the server picks
 // the idle limit each time it waits for the client's next statement, so a
 // lock taken before the limit would leave that wait unbounded, and a
 // client that vanished right then would keep the row locked, and every
@@ -196,13 +198,18 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		}
 		return n
 	}
-	idle := func() int {
+	// The three idle limits: MariaDB ends a transaction that wrote after
+	// idle_write_transaction_timeout and a read-only one after
+	// idle_readonly_transaction_timeout when those are not 0, else after
+	// idle_transaction_timeout.
+	type limits struct{ any, write, readonly int }
+	idle := func() limits {
 		t.Helper()
-		var n int
-		if err := conn.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout").Scan(&n); err != nil {
+		var l limits
+		if err := conn.QueryRowContext(ctx, "SELECT @@session.idle_transaction_timeout, @@session.idle_write_transaction_timeout, @@session.idle_readonly_transaction_timeout").Scan(&l.any, &l.write, &l.readonly); err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return l
 	}
 	// locked reports whether the lease row stays locked against another
 	// connection's NOWAIT lock over several tries (a's renews lock it for
@@ -225,21 +232,28 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		return true
 	}
 	want := int((testdb.LeaseTTL + time.Second - 1) / time.Second)
+	bounded := func(l limits) bool {
+		return l.any >= 1 && l.any <= want && l.write >= 0 && l.write <= want && l.readonly >= 0 && l.readonly <= want
+	}
 	type setting struct {
-		before, after int
+		before, after limits
 		statements    int
 		what          string
 	}
 	cases := []setting{
-		{0, want, 3, "unset: Fence sets it"},
-		{want, want, 1, "already LeaseTTL: one statement"},
-		{want + 3, want, 3, "longer than LeaseTTL: Fence shortens it"},
+		{limits{0, 0, 0}, limits{want, 0, 0}, 3, "unset: Fence sets it"},
+		{limits{want, 0, 0}, limits{want, 0, 0}, 1, "already LeaseTTL: one statement"},
+		{limits{want + 3, 0, 0}, limits{want, 0, 0}, 3, "longer than LeaseTTL: Fence shortens it"},
+		{limits{want, 100, 0}, limits{want, want, 0}, 3, "idle_write_transaction_timeout longer: Fence shortens it"},
+		{limits{want, 0, 100}, limits{want, 0, want}, 3, "idle_readonly_transaction_timeout longer: Fence shortens it"},
+		{limits{0, want, want}, limits{want, want, want}, 3, "only the specific ones set: Fence sets the general one"},
 	}
 	if want > 1 {
-		cases = append(cases, setting{want - 1, want - 1, 1, "shorter, as the application chose: kept"})
+		cases = append(cases, setting{limits{want - 1, want - 1, 0}, limits{want - 1, want - 1, 0}, 1, "shorter, as the application chose: kept"})
 	}
 	for _, c := range cases {
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", c.before)); err != nil {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d, idle_write_transaction_timeout = %d, idle_readonly_transaction_timeout = %d",
+			c.before.any, c.before.write, c.before.readonly)); err != nil {
 			t.Fatal(err)
 		}
 		tx, err := conn.BeginTx(ctx, nil)
@@ -248,8 +262,8 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		}
 		prepared := status("Com_stmt_prepare")
 		rec := &recordingTx{tx: tx, after: func(query string) {
-			if n := idle(); (n < 1 || n > want) && locked() {
-				t.Errorf("%s: after %q the lease row is locked while idle_transaction_timeout is %d", c.what, query, n)
+			if l := idle(); !bounded(l) && locked() {
+				t.Errorf("%s: after %q the lease row is locked while the idle limits are %+v", c.what, query, l)
 			}
 		}}
 		if _, err := a.FenceWith(ctx, rec); err != nil {
@@ -274,7 +288,7 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 			t.Errorf("%s: the lease row is not locked after Fence", c.what)
 		}
 		if got := idle(); got != c.after {
-			t.Errorf("%s: idle_transaction_timeout = %d after Fence, want %d (LeaseTTL %v rounded up)", c.what, got, c.after, testdb.LeaseTTL)
+			t.Errorf("%s: idle limits (any, write, read-only) = %+v after Fence, want %+v (LeaseTTL %v rounded up)", c.what, got, c.after, testdb.LeaseTTL)
 		}
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)

@@ -99,6 +99,8 @@ SELECT holder, instance, fencing_token, expires_at, endpoint,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}lease
 WHERE name = ? AND @@session.idle_transaction_timeout BETWEEN 1 AND {{seconds}}
+  AND @@session.idle_write_transaction_timeout BETWEEN 0 AND {{seconds}}
+  AND @@session.idle_readonly_transaction_timeout BETWEEN 0 AND {{seconds}}
 LOCK IN SHARE MODE;
 
 -- name: lease_token
@@ -198,8 +200,16 @@ SET SESSION lock_wait_timeout = @sqlfence_lock_wait_timeout;
 -- leave the wait for that statement unbounded (wait_timeout, 8 hours by
 -- default). Without arguments go-sql-driver/mysql sends it as text, one
 -- round trip, where a statement with arguments is prepared and run, two.
+-- MariaDB ends a transaction that wrote after idle_write_transaction_timeout
+-- and a read-only one after idle_readonly_transaction_timeout, when those
+-- are set (not 0), whatever idle_transaction_timeout says: a nonzero one
+-- longer than {{seconds}} is shortened too.
 SET SESSION idle_transaction_timeout =
-    IF(@@session.idle_transaction_timeout BETWEEN 1 AND {{seconds}}, @@session.idle_transaction_timeout, {{seconds}});
+    IF(@@session.idle_transaction_timeout BETWEEN 1 AND {{seconds}}, @@session.idle_transaction_timeout, {{seconds}}),
+    idle_write_transaction_timeout =
+    IF(@@session.idle_write_transaction_timeout BETWEEN 0 AND {{seconds}}, @@session.idle_write_transaction_timeout, {{seconds}}),
+    idle_readonly_transaction_timeout =
+    IF(@@session.idle_readonly_transaction_timeout BETWEEN 0 AND {{seconds}}, @@session.idle_readonly_transaction_timeout, {{seconds}});
 
 -- name: bound_mariadb
 -- A lease statement with a server-side limit: {{seconds}} (fractional) for
