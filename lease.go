@@ -396,12 +396,28 @@ func (c *Cluster) observe(o observed, leader, endpoint string) {
 		leader, endpoint = "", ""
 	}
 	c.seenMu.Lock()
+	defer c.seenMu.Unlock()
 	if c.seen == o {
-		c.seenMu.Unlock()
 		return
 	}
 	c.seen, c.seenEndpoint = o, endpoint
-	c.seenMu.Unlock()
+	// Under seenMu (emit never blocks), so that events leave in the order
+	// seen changed, whichever goroutine observed (observeNewer).
+	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
+		LeaderID: leader, LeaderEndpoint: endpoint})
+}
+
+// observeNewer is observe for a term learnt outside the heartbeat
+// goroutine (a grant in this process): it is ignored unless its token is
+// above the last one observed, so that it never reports an older term
+// after a newer one.
+func (c *Cluster) observeNewer(o observed, leader, endpoint string) {
+	c.seenMu.Lock()
+	defer c.seenMu.Unlock()
+	if o.token <= c.seen.token {
+		return
+	}
+	c.seen, c.seenEndpoint = o, endpoint
 	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
 		LeaderID: leader, LeaderEndpoint: endpoint})
 }

@@ -327,8 +327,9 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
 		}
 		if granted {
-			p.announceTaken(req.Name, req.Instance)
-			return r.lease(req.Name), nil
+			l := r.lease(req.Name)
+			p.announceTaken(req.Name, l)
+			return l, nil
 		}
 		// Refused, yet the row read back is free: another node won a race
 		// and the statement saw the row from before its commit (PostgreSQL's

@@ -40,8 +40,8 @@ var localReleases = struct {
 
 type localWaiter struct {
 	instance string
-	hear     func(successor string)
-	taken    func() // the lease was granted (designated's taken)
+	d        *designation
+	learn    func(Lease) // the lease was granted to another node; may be nil
 }
 
 // successorLead is how long a woken follower that is not the named
@@ -80,19 +80,22 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 		if pick && successor == "" {
 			successor = w.instance
 		}
-		w.hear(successor)
+		w.d.releasedBy(holder)
+		w.d.hear(successor)
 	}
 }
 
 // announceTaken tells the local watchers of lease name, but the new
-// holder's own, that it was granted: a follower that heard the release and
+// holder's own, that l was granted: a follower that heard the release and
 // waits out successorLead before it tries need not try, as its attempt
-// would be refused. (It keeps its own schedule: it polls, or, hearing
-// releases, sleeps until the term it knew of was to expire, and learns the
-// new one then.) At a handoff among many members of one process this
-// saves one refused statement per member, all sent within successorLead
-// of each other, which queue with the winner's first renew.
-func (p *DBProvider) announceTaken(name, holder string) {
+// would be refused; it learns of the new term from l instead (its
+// leader-changed event), as that attempt would have told it. (It keeps
+// its own schedule otherwise: it polls, or, hearing releases, sleeps
+// until the term it knew of was to expire, and learns the new expiry
+// then.) At a handoff among many members of one process this saves one
+// refused statement per member, all sent within successorLead of each
+// other, which queue with the winner's first renew.
+func (p *DBProvider) announceTaken(name string, l Lease) {
 	key := p.releaseKey(name)
 	if key == "" {
 		return
@@ -100,8 +103,12 @@ func (p *DBProvider) announceTaken(name, holder string) {
 	localReleases.Lock()
 	defer localReleases.Unlock()
 	for w := range localReleases.m[key] {
-		if w.instance != holder {
-			w.taken()
+		if w.instance == l.Instance {
+			continue
+		}
+		w.d.taken(l.Instance)
+		if w.learn != nil {
+			w.learn(l)
 		}
 	}
 }
@@ -114,7 +121,7 @@ func (p *DBProvider) announceTaken(name, holder string) {
 // once; the others are woken successorLead to twice that later, so that
 // they find the successor's term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
-	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, live, true)
+	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, nil, live, true)
 }
 
 // watchNamed is WatchReleases, telling wake whether the release named
@@ -122,12 +129,14 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 // holds off after Resign, or is stopping) can pass the turn on
 // (passRelease): the others then try at once rather than after
 // successorLead. With listen false it hears releases in this process
-// only (Config.PollOnly), never through LISTEN.
-func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), live func(bool), listen bool) error {
-	hear, taken, stop := designated(instance, wake)
-	defer stop()
+// only (Config.PollOnly), never through LISTEN. learn, if not nil, is
+// told of a grant to another node of this process (announceTaken).
+func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), learn func(Lease), live func(bool), listen bool) error {
+	d := designated(instance, wake)
+	defer d.stop()
+	hear := d.hear
 	if key := p.releaseKey(name); key != "" {
-		w := &localWaiter{instance: instance, hear: hear, taken: taken}
+		w := &localWaiter{instance: instance, d: d, learn: learn}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
 			localReleases.m[key] = map[*localWaiter]struct{}{}
@@ -208,59 +217,86 @@ type passer interface {
 	pass(ctx context.Context, conn Querier, name string) error
 }
 
-// designated returns how the watcher of instance hears a release that
-// names successor: it calls wake(true) at once when successor is instance,
-// wake(false) at once when it is "" (a release that named none), else
-// wake(false) after a random delay in [successorLead, 2*successorLead),
-// once however many releases it hears meanwhile. taken tells it that the
-// lease was granted: it cancels a pending delayed wake, and ignores the
-// releases that would delay one for the next 2*successorLead (on
-// PostgreSQL a release is heard twice, in process and by LISTEN, and the
-// second can come after the grant). stop cancels a pending wake.
-func designated(instance string, wake func(named bool)) (hear func(successor string), taken, stop func()) {
-	var mu sync.Mutex
-	var pending *time.Timer
-	var due, quiet time.Time
-	hear = func(successor string) {
-		if successor == "" || successor == instance || successorLead <= 0 {
-			// At once; a delayed wake still pending (a named release
-			// heard before, whose successor passed the turn on) would only
-			// make a second, refused attempt.
-			mu.Lock()
-			if pending != nil && pending.Stop() {
-				due = time.Time{}
-			}
-			mu.Unlock()
-			wake(successor == instance)
-			return
+// A designation is how the watcher of one instance hears releases that
+// name a successor: hear calls wake(true) at once when the successor is
+// the instance, wake(false) at once when it is "" (a release that named
+// none), else wake(false) after a random delay in [successorLead,
+// 2*successorLead), once however many releases it hears meanwhile.
+type designation struct {
+	instance string
+	wake     func(named bool)
+
+	mu      sync.Mutex
+	pending *time.Timer
+	due     time.Time
+	// After a grant to quietHolder, releases that would delay a wake are
+	// ignored until quiet: on PostgreSQL a release is heard twice, in
+	// process and by LISTEN, and the second can come after the grant.
+	quiet       time.Time
+	quietHolder string
+}
+
+func designated(instance string, wake func(named bool)) *designation {
+	return &designation{instance: instance, wake: wake}
+}
+
+func (d *designation) hear(successor string) {
+	if successor == "" || successor == d.instance || successorLead <= 0 {
+		// At once; a delayed wake still pending (a named release heard
+		// before, whose successor passed the turn on) would only make a
+		// second, refused attempt.
+		d.mu.Lock()
+		if d.pending != nil && d.pending.Stop() {
+			d.due = time.Time{}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); now.Before(due) || now.Before(quiet) {
-			return // a wake is pending already, or the lease was just granted
-		}
-		d := successorLead + rand.N(successorLead)
-		due = time.Now().Add(d)
-		if pending == nil {
-			pending = time.AfterFunc(d, func() { wake(false) })
-		} else {
-			pending.Reset(d)
-		}
+		d.mu.Unlock()
+		d.wake(successor == d.instance)
+		return
 	}
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if pending != nil && pending.Stop() {
-			due = time.Time{}
-		}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if now := time.Now(); now.Before(d.due) || now.Before(d.quiet) {
+		return // a wake is pending already, or the lease was just granted
 	}
-	taken = func() {
-		stop()
-		mu.Lock()
-		defer mu.Unlock()
-		quiet = time.Now().Add(2 * successorLead)
+	delay := successorLead + rand.N(successorLead)
+	d.due = time.Now().Add(delay)
+	if d.pending == nil {
+		d.pending = time.AfterFunc(delay, func() { d.wake(false) })
+	} else {
+		d.pending.Reset(delay)
 	}
-	return hear, taken, stop
+}
+
+// taken tells d that the lease was granted to holder: a pending delayed
+// wake is cancelled, and the releases that would delay one are ignored
+// for 2*successorLead, unless holder itself releases (releasedBy).
+func (d *designation) taken(holder string) {
+	d.stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.quiet, d.quietHolder = time.Now().Add(2*successorLead), holder
+}
+
+// releasedBy tells d that holder released the lease in this process: if
+// it is the node whose grant began the quiet time (it gave the term back
+// at once: it was shutting down, or could not verify the database), the
+// quiet time ends, as this release is a new one.
+func (d *designation) releasedBy(holder string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if holder != "" && holder == d.quietHolder {
+		d.quiet, d.quietHolder = time.Time{}, ""
+	}
+}
+
+// stop cancels a pending wake (when the lease was granted meanwhile, or
+// the watcher ends).
+func (d *designation) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pending != nil && d.pending.Stop() {
+		d.due = time.Time{}
+	}
 }
 
 // watchReleases is the goroutine that hears releases for a candidate.
@@ -324,6 +360,10 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
 				}
 			}()
+		}, func(l Lease) {
+			// Another node of this process was granted the lease: what the
+			// attempt it spares this node would have told it.
+			c.observeNewer(observed{token: l.FencingToken}, l.Holder, l.Endpoint)
 		}, live, !c.cfg.PollOnly)
 	} else {
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)

@@ -92,7 +92,7 @@ func TestReleaseLeavesSynchronousCommitAlone(t *testing.T) {
 // would try only after successorLead, and do not try at all once the
 // successor's grant, announced in the process, cancels their wake-ups:
 // they neither queue on the row behind it nor send statements that would
-// be refused. (Not parallel: it lengthens the lead to a bound no loaded
+// be refused, and learn of the new term from the announcement. (Not parallel: it lengthens the lead to a bound no loaded
 // machine reaches, so the order it checks is not timing.)
 func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
 	const lead = 400 * time.Millisecond
@@ -133,7 +133,24 @@ func TestReleaseWakesOneSuccessorFirst(t *testing.T) {
 		if err := a.Resign(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		winner := leaderOf(t, 3*time.Second, followers["b"], followers["c"], followers["d"]).NodeID()
+		w := leaderOf(t, 3*time.Second, followers["b"], followers["c"], followers["d"])
+		winner, token := w.NodeID(), w.FencingToken()
+		// The others learn of the new term from the grant itself, without
+		// the attempt it spared them: well before their delayed attempt
+		// would have been due (lead), let alone their next poll (5s).
+		for id, n := range followers {
+			if id == winner {
+				continue
+			}
+			waitFor(t, lead/2, id+" to learn that "+winner+" leads", func() bool {
+				for _, e := range n.events.all() {
+					if e.Kind == cluster.EventLeaderChanged && e.LeaderID == winner && e.FencingToken == token {
+						return true
+					}
+				}
+				return false
+			})
+		}
 		// The others' delayed attempts, had they not been cancelled: each
 		// waits lead to 2*lead.
 		time.Sleep(2*lead + lead/2)
