@@ -53,9 +53,14 @@ type Cluster struct {
 	holdUntil atomic.Int64
 
 	// Owned by the heartbeat goroutine.
-	warnedDup     string // instance of a same-NodeID holder already logged
-	renewFailures int    // consecutive failed renews of the current term
-	halted        error  // why campaigning stopped for good (a detected rollback)
+	warnedDup string // instance of a same-NodeID holder already logged
+	// pollNext says the next attempt is a routine poll (LeaseRequest.Poll):
+	// the last one found the lease held, and the next comes at the poll
+	// interval, not at the lease's expiry nor on a wake-up. Heartbeat
+	// goroutine (under stepMu) only.
+	pollNext      bool
+	renewFailures int   // consecutive failed renews of the current term
+	halted        error // why campaigning stopped for good (a detected rollback)
 
 	// seen is the last term (or free lease) this node observed, for
 	// leader-changed events.

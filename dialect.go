@@ -223,6 +223,13 @@ type row struct {
 	cold bool
 }
 
+// poller is a dialect with a statement cheaper than its acquisition for a
+// follower that expects the lease held (LeaseRequest.Poll): it never
+// grants, and reads the lease row as the dialect's leader query does.
+type poller interface {
+	poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error)
+}
+
 // warmer is a dialect whose database sessions grant the lease faster once
 // warmed: after a refused acquisition on a cold session, the provider warms
 // it, so that the session's first grant, a handoff, is not also its slowest.

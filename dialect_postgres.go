@@ -22,6 +22,7 @@ type postgres struct {
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
 		Warm          string `sql:"warm"`           // (none)
 		Pass          string `sql:"pass"`           // name
+		Poll          string `sql:"poll"`           // name, instance
 		// NotifyReleased is the shared end of the release statements,
 		// put in for {{notify_released}} when the dialect is made.
 		NotifyReleased string `sql:"notify_released"` // (a fragment)
@@ -88,6 +89,14 @@ func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) 
 		return false, r, r.scan(conn.QueryRow(ctx, d.q.Leader, req.Name))
 	}
 	return granted, r, err
+}
+
+// poll reads the lease row for a follower's routine attempt
+// (LeaseRequest.Poll), refreshing its membership as an attempt does.
+func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error) {
+	var r row
+	err := r.scan(conn.QueryRow(ctx, d.q.Poll, req.Name, req.Instance))
+	return r, err
 }
 
 // warm prepares conn's database session for its first grant (the warm

@@ -44,6 +44,9 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 			if c.term.Load() != nil || c.retiring.Load() != nil {
 				continue
 			}
+			c.stepMu.Lock()
+			c.pollNext = false // the lease is likely free: a full attempt
+			c.stepMu.Unlock()
 			timer.Stop() // since Go 1.23 no stale tick can follow; Reset below rearms it
 		}
 		// The membership refresh comes before the lease statement, so the
@@ -200,12 +203,15 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	}
 	start := mono()
 	actx, cancel := context.WithTimeout(ctx, c.acquireTimeout())
+	poll := c.pollNext
+	c.pollNext = false
 	l, err := c.provider.Acquire(actx, LeaseRequest{
 		Name:     c.cfg.LeaseName,
 		Holder:   c.cfg.NodeID,
 		Instance: c.instance,
 		Endpoint: c.cfg.Endpoint,
 		TTL:      c.cfg.LeaseTTL,
+		Poll:     poll,
 	})
 	cancel()
 	c.record(OpAcquire, start, err)
@@ -264,7 +270,9 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			// to expire by the database clock, at most one TTL from now.
 			return min(next, c.cfg.LeaseTTL)
 		}
-		return min(next, c.pollInterval())
+		wait := c.pollInterval()
+		c.pollNext = next > wait // not an attempt at the expiry
+		return min(next, wait)
 
 	case errors.Is(err, ErrRollbackDetected):
 		// The database refused to grant a token below one it granted before

@@ -1,6 +1,8 @@
 package cluster_test
 
 import (
+	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,4 +59,105 @@ func TestFollowersPollAtRandomIntervals(t *testing.T) {
 			t.Errorf("all %d gaps between b's attempts were a heartbeat (%v) or more: it polls in step with the heartbeat", gaps, testdb.Heartbeat)
 		}
 	})
+}
+
+// On PostgreSQL a follower that polls (it hears no releases) and found the
+// lease held reads it with a statement that cannot grant and costs the
+// server about half an attempt; it attempts only when that read shows the
+// lease free or expired, in the same call, so that it still takes over at
+// its next poll after a release it did not hear.
+func TestPollingFollowerReadsBeforeItAttempts(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	db := tg.Open(t)
+	holder, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Held for a minute by a node that never renews: b's attempts find it
+	// held with a minute left, so each next one is a routine poll.
+	if _, err := holder.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "x-instance", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var sent []string
+	pool := recordingPool{cluster.SQLPool(tg.Open(t)), func(q string) {
+		mu.Lock()
+		sent = append(sent, q)
+		mu.Unlock()
+	}}
+	b := start(t, tg, "b", func(c *cluster.Config) {
+		p, err := cluster.NewSQLProvider(pool, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Provider = p
+	})
+	count := func() (polls, attempts int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, q := range sent {
+			switch {
+			case isWarmUp(q): // a warm-up, after the first refusal
+			case strings.Contains(q, "INSERT INTO "+tg.Prefix+"lease"):
+				attempts++
+			case strings.Contains(q, "FROM "+tg.Prefix+"lease l, clock c") && strings.Contains(q, "UPDATE "+tg.Prefix+"nodes"):
+				polls++
+			}
+		}
+		return polls, attempts
+	}
+	waitFor(t, 3*time.Second, "b to poll five times", func() bool {
+		polls, _ := count()
+		return polls >= 5
+	})
+	if b.IsLeader() {
+		t.Fatal("b leads a lease held by x")
+	}
+	if polls, attempts := count(); attempts != 1 {
+		t.Fatalf("b made %d attempts and %d polls while x held the lease; want one attempt (its first) and then polls", attempts, polls)
+	}
+	// A release b does not hear (another process's, with PollOnly).
+	if _, err := db.ExecContext(ctx, "UPDATE "+tg.Prefix+"lease SET renewed_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, "+
+		"expires_at = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE name = 'leader'"); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 3*time.Second, "b to take over at its next poll", b.IsLeader)
+	t.Logf("b led %v after the unheard release (heartbeat %v)", took.Round(time.Millisecond), testdb.Heartbeat)
+	if _, attempts := count(); attempts != 2 {
+		t.Errorf("b made %d attempts in all; want 2: its first, and the one its poll found the lease free for", attempts)
+	}
+}
+
+// recordingPool is a cluster.Pool that tells record of every statement.
+type recordingPool struct {
+	cluster.Pool
+	record func(query string)
+}
+
+func (p recordingPool) Conn(ctx context.Context) (cluster.Querier, func(), error) {
+	q, release, err := p.Pool.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return recordingQuerier{q, p.record}, release, nil
+}
+
+type recordingQuerier struct {
+	cluster.Querier
+	record func(query string)
+}
+
+func (q recordingQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	q.record(query)
+	return q.Querier.Exec(ctx, query, args...)
+}
+
+func (q recordingQuerier) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
+	q.record(query)
+	return q.Querier.QueryRow(ctx, query, args...)
 }

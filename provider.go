@@ -43,6 +43,12 @@ type LeaseRequest struct {
 	Instance string        // random per [New]; tells apart processes sharing a NodeID
 	Endpoint string        // the requesting node's endpoint, published to followers
 	TTL      time.Duration // lease duration, by the provider's clock
+	// Poll says that the requesting node found the lease held at its last
+	// attempt and only checks, at its regular interval, whether that is
+	// still so: a provider may first read the lease with a cheaper
+	// statement and report it held (a *LeaseHeldError), attempting only
+	// when it is free or expired. A provider may ignore it.
+	Poll bool
 }
 
 // A Lease is one term of a lease, as granted by a [Provider].

@@ -321,6 +321,18 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		return Lease{}, err
 	}
 	defer release()
+	if pl, ok := p.d.(poller); ok && req.Poll {
+		// A routine poll: read first, and attempt only if the lease is
+		// free, expired, or held by this very instance (an answer lost).
+		r, err := pl.poll(ctx, conn, req)
+		switch {
+		case errors.Is(err, sql.ErrNoRows): // no lease row yet
+		case err != nil:
+			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+		case r.expiresAt > r.now && r.instance != req.Instance:
+			return Lease{}, r.held()
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		granted, r, err := p.d.acquire(ctx, conn, req)
 		if err != nil {

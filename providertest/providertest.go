@@ -65,6 +65,30 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		mustLead(t, b, l)
 	})
 
+	// LeaseRequest.Poll only lets a provider read before it attempts: the
+	// answers are those of an attempt without it.
+	t.Run("Poll", func(t *testing.T) {
+		ctx := t.Context()
+		open := newStore(t)
+		a, b := open(), open()
+		poll := func(holder string, d time.Duration) cluster.LeaseRequest {
+			r := req(holder, d)
+			r.Poll = true
+			return r
+		}
+		l := acquire(t, a, poll("a", ttl)) // free: granted
+		_, err := b.Acquire(ctx, poll("b", ttl))
+		mustBeHeld(t, err, l, ttl)
+		_, err = a.Acquire(ctx, poll("a", ttl))
+		mustBeHeld(t, err, l, ttl) // its own term: no second one either
+		release(t, a, l)
+		lb := acquire(t, b, poll("b", ttl)) // released: granted
+		if lb.FencingToken <= l.FencingToken {
+			t.Fatalf("token after a release = %d, want more than %d", lb.FencingToken, l.FencingToken)
+		}
+		mustLead(t, a, lb)
+	})
+
 	t.Run("Renew", func(t *testing.T) {
 		ctx := t.Context()
 		open := newStore(t)
