@@ -280,8 +280,18 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		// process, which only the default provider itself can keep apart.
 		_, plain := c.provider.(*DBProvider)
 		if w, ok := c.provider.(ReleaseWatcher); ok && (!cfg.PollOnly || plain) {
+			// Return only once a release by another node of this process
+			// would wake this one: a release right after New returned
+			// would otherwise find nobody to wake and wait for a poll.
+			heard := make(chan struct{})
+			var once sync.Once
 			c.wg.Add(1)
-			go c.watchReleases(listenCtx, w)
+			go c.watchReleases(listenCtx, w, func() { once.Do(func() { close(heard) }) })
+			select {
+			case <-heard:
+			case <-ctx.Done():
+			case <-time.After(cfg.HeartbeatInterval): // never expected: a watcher that does not register
+			}
 		}
 		c.wg.Add(1)
 		c.heartbeating.Store(true)

@@ -30,3 +30,11 @@ func SetSuccessorLead(t interface{ Cleanup(func()) }, d time.Duration) {
 	successorLead = d
 	t.Cleanup(func() { successorLead = was })
 }
+
+// LocalWatchers reports how many nodes of this process hear the releases
+// of lease name through p's database and tables.
+func LocalWatchers(p *DBProvider, name string) int {
+	localReleases.Lock()
+	defer localReleases.Unlock()
+	return len(localReleases.m[p.releaseKey(name)])
+}

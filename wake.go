@@ -121,7 +121,7 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 // once; the others are woken successorLead to twice that later, so that
 // they find the successor's term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
-	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, nil, live, true)
+	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, nil, live, true, nil)
 }
 
 // watchNamed is WatchReleases, telling wake whether the release named
@@ -131,7 +131,9 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 // successorLead. With listen false it hears releases in this process
 // only (Config.PollOnly), never through LISTEN. learn, if not nil, is
 // told of a grant to another node of this process (announceTaken).
-func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), learn func(Lease), live func(bool), listen bool) error {
+// registered, if not nil, is called once the releases of this process
+// reach the watcher.
+func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), learn func(Lease), live func(bool), listen bool, registered func()) error {
 	d := designated(instance, wake)
 	defer d.stop()
 	hear := d.hear
@@ -151,6 +153,9 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake
 			}
 			localReleases.Unlock()
 		}()
+	}
+	if registered != nil {
+		registered()
 	}
 	lp, ok := p.pool.(ListenPool)
 	if !ok || !p.d.notifies() || !listen {
@@ -299,8 +304,11 @@ func (d *designation) stop() {
 	}
 }
 
-// watchReleases is the goroutine that hears releases for a candidate.
-func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
+// watchReleases is the goroutine that hears releases for a candidate. It
+// calls registered once the releases of this process reach it (at once
+// for a provider other than the default one, whose watcher it cannot
+// see into), so that New returns only when they do.
+func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registered func()) {
 	defer c.wg.Done()
 	wake := func() {
 		select {
@@ -364,8 +372,9 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
 			// Another node of this process was granted the lease: what the
 			// attempt it spares this node would have told it.
 			c.observeNewer(observed{token: l.FencingToken}, l.Holder, l.Endpoint)
-		}, live, !c.cfg.PollOnly)
+		}, live, !c.cfg.PollOnly, registered)
 	} else {
+		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
 	}
 	if err != nil {

@@ -317,3 +317,26 @@ type txPool struct{ tx *sql.Tx }
 func (p txPool) Conn(context.Context) (cluster.Querier, func(), error) {
 	return &recordingTx{tx: p.tx}, func() {}, nil
 }
+
+// New returns only once the node hears the releases of the other nodes of
+// its process: a release right after New returned (CI: TestInProcessWakeUp,
+// a Resign a few milliseconds after the follower started) found nobody to
+// wake, and the follower waited for its poll.
+func TestNewReturnsHearing(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.SQLite)
+	start(t, tg, "n0", slow, func(c *cluster.Config) { c.PollOnly = true })
+	p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Init(context.Background()); err != nil { // learns the database's identity
+		t.Fatal(err)
+	}
+	for i := 1; i < 30; i++ {
+		start(t, tg, fmt.Sprintf("n%d", i), slow, func(c *cluster.Config) { c.PollOnly = true })
+		if got := cluster.LocalWatchers(p, "leader"); got != i+1 {
+			t.Fatalf("right after New of node %d, %d nodes hear releases in this process; want %d", i+1, got, i+1)
+		}
+	}
+}
