@@ -209,6 +209,10 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		provider: cfg.Provider,
 		instance: newInstanceID(),
 	}
+	if cfg.ResignHoldOff < cfg.HeartbeatInterval*6/5 {
+		c.log.Warn("cluster: ResignHoldOff is shorter than the longest wait between a polling follower's attempts (1.2 × HeartbeatInterval): after Resign this node may take the lease back before such a follower tries; leave it at its default or raise it",
+			"resign_hold_off", cfg.ResignHoldOff, "heartbeat_interval", cfg.HeartbeatInterval)
+	}
 	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
 	c.wake = make(chan struct{}, 1)

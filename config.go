@@ -145,7 +145,8 @@ type Config struct {
 	// can take the lease. Followers try at least once every 1.2
 	// heartbeats (a random 80% to 120% of one), so the default,
 	// HeartbeatInterval and a quarter, lets every one of them try first.
-	// At most LeaseTTL.
+	// At most LeaseTTL; New logs a warning when it is below 1.2
+	// heartbeats.
 	ResignHoldOff time.Duration
 
 	// Endpoint is this node's routable URL, published to the discovery

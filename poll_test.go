@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -160,4 +161,30 @@ func (q recordingQuerier) Exec(ctx context.Context, query string, args ...any) (
 func (q recordingQuerier) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
 	q.record(query)
 	return q.Querier.QueryRow(ctx, query, args...)
+}
+
+// A ResignHoldOff below the longest wait between a polling follower's
+// attempts (1.2 heartbeats) lets a resigned node take the lease back first:
+// New warns of it, and not of the default.
+func TestShortResignHoldOffWarns(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.SQLite)
+	for _, c := range []struct {
+		holdOff time.Duration
+		warn    bool
+	}{
+		{0, false}, // the default, 1.25 heartbeats
+		{testdb.Heartbeat * 6 / 5, false},
+		{testdb.Heartbeat, true},
+	} {
+		logs := &logRecorder{}
+		n := start(t, tg, fmt.Sprintf("h%v", c.holdOff), func(cfg *cluster.Config) {
+			cfg.ResignHoldOff = c.holdOff
+			cfg.Logger = logs.logger(cfg.Logger)
+		})
+		n.Shutdown(context.Background())
+		if got := logs.has("ResignHoldOff is shorter"); got != c.warn {
+			t.Errorf("ResignHoldOff %v (heartbeat %v): warned %v, want %v", c.holdOff, testdb.Heartbeat, got, c.warn)
+		}
+	}
 }
