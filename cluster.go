@@ -56,8 +56,7 @@ type Cluster struct {
 	warnedDup string // instance of a same-NodeID holder already logged
 	// pollNext says the next attempt is a routine poll (LeaseRequest.Poll):
 	// the last one found the lease held, and the next comes at the poll
-	// interval, not at the lease's expiry nor on a wake-up. Heartbeat
-	// goroutine (under stepMu) only.
+	// interval, not at the lease's expiry nor on a wake-up.
 	pollNext      bool
 	renewFailures int   // consecutive failed renews of the current term
 	halted        error // why campaigning stopped for good (a detected rollback)

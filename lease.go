@@ -44,10 +44,8 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 			if c.term.Load() != nil || c.retiring.Load() != nil {
 				continue
 			}
-			c.stepMu.Lock()
 			c.pollNext = false // the lease is likely free: a full attempt
-			c.stepMu.Unlock()
-			timer.Stop() // since Go 1.23 no stale tick can follow; Reset below rearms it
+			timer.Stop()       // since Go 1.23 no stale tick can follow; Reset below rearms it
 		}
 		// The membership refresh comes before the lease statement, so the
 		// time right after a renew is quiet (on SQLite, a process stopped
@@ -400,19 +398,7 @@ type observed struct {
 // observe emits leader-changed when o differs from the last term or free
 // lease this node observed.
 func (c *Cluster) observe(o observed, leader, endpoint string) {
-	if o.free {
-		leader, endpoint = "", ""
-	}
-	c.seenMu.Lock()
-	defer c.seenMu.Unlock()
-	if c.seen == o {
-		return
-	}
-	c.seen, c.seenEndpoint = o, endpoint
-	// Under seenMu (emit never blocks), so that events leave in the order
-	// seen changed, whichever goroutine observed (observeNewer).
-	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
-		LeaderID: leader, LeaderEndpoint: endpoint})
+	c.noteSeen(o, leader, endpoint, false)
 }
 
 // observeNewer is observe for a term learnt outside the heartbeat
@@ -420,12 +406,24 @@ func (c *Cluster) observe(o observed, leader, endpoint string) {
 // above the last one observed, so that it never reports an older term
 // after a newer one.
 func (c *Cluster) observeNewer(o observed, leader, endpoint string) {
+	c.noteSeen(o, leader, endpoint, true)
+}
+
+// noteSeen records o as the last term or free lease observed and emits
+// leader-changed, unless it is the one already recorded (or, newerOnly,
+// not above it).
+func (c *Cluster) noteSeen(o observed, leader, endpoint string, newerOnly bool) {
+	if o.free {
+		leader, endpoint = "", ""
+	}
 	c.seenMu.Lock()
 	defer c.seenMu.Unlock()
-	if o.token <= c.seen.token {
+	if c.seen == o || newerOnly && o.token <= c.seen.token {
 		return
 	}
 	c.seen, c.seenEndpoint = o, endpoint
+	// Under seenMu (emit never blocks), so that events leave in the order
+	// seen changed, whichever goroutine observed.
 	c.events.emit(Event{Kind: EventLeaderChanged, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: o.token,
 		LeaderID: leader, LeaderEndpoint: endpoint})
 }
