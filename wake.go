@@ -62,10 +62,21 @@ func (p *DBProvider) releaseKey(name string) string {
 	return p.identity + "\x00" + p.prefix + "\x00" + name
 }
 
+// localFallbacks is how many of this process's followers, besides the
+// named successor, a release wakes (successorLead later), in case the
+// successor's attempt fails. The others keep their schedule: they poll
+// within 1.2 heartbeats, or hear the release by LISTEN. Waking them all
+// made, at a handoff among a thousand members of one process whose
+// successor was slower than successorLead, a thousand attempts at once,
+// queued with the successor's grant. A variable for the tests.
+var localFallbacks = 2
+
 // announce tells the local watchers of lease name, but the holder's own,
-// that it was released. successor is the instance the release named to
-// try first; "" wakes them all at once, unless pick is set (a dialect
-// whose release names no successor): then one of them is the successor.
+// that it was released: the successor the release named, if it is one of
+// them, at once, and localFallbacks of the others after a short delay.
+// successor "" wakes localFallbacks+1 of them at once, unless pick is set
+// (a dialect whose release names no successor, or a successor that passed
+// the turn on): then one of them is the successor.
 func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 	key := p.releaseKey(name)
 	if key == "" {
@@ -73,14 +84,24 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 	}
 	localReleases.Lock()
 	defer localReleases.Unlock()
+	others := localFallbacks // woken besides the successor
+	if successor == "" && !pick {
+		others++ // no successor: they all try at once
+	}
 	for w := range localReleases.m[key] { // in random order
 		if w.instance == holder {
 			continue
 		}
+		w.d.releasedBy(holder)
 		if pick && successor == "" {
 			successor = w.instance
 		}
-		w.d.releasedBy(holder)
+		if w.instance != successor {
+			if others == 0 {
+				continue
+			}
+			others--
+		}
 		w.d.hear(successor)
 	}
 }
@@ -118,8 +139,9 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 // [ListenPool], releases by other processes through LISTEN on channel
 // <prefix>lease (the release statement NOTIFYs it), reconnecting after a
 // failure while ctx lasts. A release names one successor, which is woken at
-// once; the others are woken successorLead to twice that later, so that
-// they find the successor's term rather than wait on its row.
+// once; others are woken successorLead to twice that later (in this
+// process, localFallbacks of them), so that they find the successor's
+// term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
 	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, nil, live, true, nil)
 }
@@ -198,7 +220,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake
 // passRelease tells the other watchers of lease name that instance, the
 // successor a release named, will not take it: on PostgreSQL a NOTIFY of
 // the lease name alone, which wakes the listeners at once, and in this
-// process a wake-up of all the others.
+// process localFallbacks+1 of the others, at once.
 func (p *DBProvider) passRelease(ctx context.Context, name, instance string) error {
 	p.announce(name, instance, "", false)
 	ps, ok := p.d.(passer)

@@ -1,6 +1,10 @@
 package cluster
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,5 +34,93 @@ func TestDesignationQuietAfterGrant(t *testing.T) {
 	wait()
 	if n := woken.Load(); n != 1 {
 		t.Fatalf("woken %d times after the new holder released at once; want one delayed wake", n)
+	}
+}
+
+// A release among many followers of one process wakes the successor it
+// names at once and localFallbacks of the others a little later, not all
+// of them: at a thousand members, all of them trying at once queued with
+// the successor's grant. A release that names no successor (a pass) wakes
+// localFallbacks+1 of them at once; one on a dialect that names none picks
+// the successor among them.
+func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
+	const followers = 20
+	p := &DBProvider{identity: "test-db", prefix: "wake_"}
+	type wakeup struct {
+		node  int
+		named bool
+		after time.Duration
+	}
+	wakes := make(chan wakeup, 10*followers)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg, registered sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var since atomic.Pointer[time.Time]
+	for i := range followers {
+		registered.Add(1)
+		wg.Go(func() {
+			p.watchNamed(ctx, "lease", fmt.Sprint(i), func(named bool) {
+				wakes <- wakeup{i, named, time.Since(*since.Load())}
+			}, nil, func(bool) {}, false, registered.Done)
+		})
+	}
+	registered.Wait()
+
+	collect := func() []wakeup {
+		time.Sleep(4*successorLead + 100*time.Millisecond)
+		var got []wakeup
+		for {
+			select {
+			case w := <-wakes:
+				got = append(got, w)
+			default:
+				return got
+			}
+		}
+	}
+	release := func(holder, successor string, pick bool) []wakeup {
+		now := time.Now()
+		since.Store(&now)
+		p.announce("lease", holder, successor, pick)
+		return collect()
+	}
+
+	// Named successor 3 (holder 0 is not among the woken).
+	got := release("0", "3", false)
+	if len(got) != 1+localFallbacks {
+		t.Fatalf("a release naming a successor woke %d followers (%v); want the successor and %d others", len(got), got, localFallbacks)
+	}
+	for _, w := range got {
+		switch {
+		case w.node == 0:
+			t.Errorf("the releasing node itself was woken: %v", got)
+		case w.node == 3 && !w.named:
+			t.Errorf("the successor was woken as not named: %v", got)
+		case w.node != 3 && (w.named || w.after < successorLead):
+			t.Errorf("follower %d woken after %v (named %v); want after at least %v, not named", w.node, w.after, w.named, successorLead)
+		}
+	}
+	if !slices.ContainsFunc(got, func(w wakeup) bool { return w.node == 3 }) {
+		t.Errorf("the named successor 3 was not woken: %v", got)
+	}
+
+	// A pass: no successor; localFallbacks+1 at once.
+	got = release("3", "", false)
+	if len(got) != localFallbacks+1 {
+		t.Fatalf("a pass woke %d followers (%v); want %d", len(got), got, localFallbacks+1)
+	}
+	for _, w := range got {
+		if w.node == 3 || w.named || w.after >= successorLead {
+			t.Errorf("a pass woke %v; want others than the passer, not named, at once", got)
+		}
+	}
+
+	// A dialect that names no successor: one picked, at once and named.
+	got = release("5", "", true)
+	if len(got) != 1+localFallbacks {
+		t.Fatalf("a release with a picked successor woke %d followers (%v); want %d", len(got), got, 1+localFallbacks)
+	}
+	if named := slices.IndexFunc(got, func(w wakeup) bool { return w.named }); named < 0 || got[named].node == 5 {
+		t.Errorf("want one picked successor, other than the holder, woken as named: %v", got)
 	}
 }
