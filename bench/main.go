@@ -48,6 +48,17 @@ func main() {
 		}
 		return
 	}
+	if spec := os.Getenv(probeEnv); spec != "" {
+		// The probe process of scale -probe.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := runProbe(ctx, spec)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench probe:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

@@ -113,6 +113,7 @@ func scale(ctx context.Context, args []string) error {
 	name := fs.String("name", "", "the series' name: results/scale-NAME.json and the plots' legend (default: -via)")
 	verbose := fs.Bool("v", false, "log progress and the members' warnings")
 	ping := fs.Bool("ping", true, "let pgx ping a connection idle for over a second before reusing it (its default); -ping=false turns that off in the members' pools")
+	probe := fs.Bool("probe", false, "run a probe process beside the members (SELECT 1 through PgBouncer and directly, and 1ms sleeps) and record, for each trial, the slowest of each and the bench's own scheduling latency and GC pauses")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,6 +173,23 @@ func scale(ctx context.Context, args []string) error {
 		return err
 	}
 
+	var pr *prober
+	if *probe {
+		targets := map[string]string{}
+		if targets["direct"], err = withParam(*pg, "application_name", scaleAppName+"-probe"); err != nil {
+			return err
+		}
+		if bouncer != nil {
+			if targets["pgbouncer"], err = withParam(memberDSN, "application_name", scaleAppName+"-probe"); err != nil {
+				return err
+			}
+		}
+		if pr, err = startProber(targets, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("start the probe: %w", err)
+		}
+		defer pr.stop()
+	}
+
 	prefix := newPrefix()
 	tg := target{name: "postgres", dialect: cluster.Postgres, driver: "pgx", dsn: memberDSN, pgx: *driver == "pgx", prefix: prefix, noPing: !*ping}
 	defer func() {
@@ -195,7 +213,7 @@ func scale(ctx context.Context, args []string) error {
 				continue
 			}
 		}
-		setup := scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf}
+		setup := scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf, probe: pr}
 		if bouncer != nil {
 			setup.bouncerPid = bouncer.cmd.Process.Pid
 		}
@@ -248,6 +266,7 @@ type scaleSetup struct {
 	trials     int
 	verbose    bool
 	logf       func(string, ...any)
+	probe      *prober // nil without -probe
 }
 
 // scaleOne measures one N: start, a window of steady load, then handoff
@@ -341,6 +360,27 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(p.N)))
 	opts := trialOptions{trials: s.trials, retry: s.tm.heartbeat, settle: 3 * s.tm.heartbeat, limit: 5 * s.tm.ttl, rng: rng, log: s.logf}
+	if s.probe != nil {
+		opts.around = func() func(*trial) {
+			before := readRuntimeStalls()
+			return func(t *trial) {
+				sched, gc := before.worstSince(readRuntimeStalls())
+				t.Stalls = &trialStalls{SchedMs: sched, GCPauseMs: gc}
+			}
+		}
+		defer func() {
+			// The probe's samples of the last trial may still be in flight.
+			time.Sleep(200 * time.Millisecond)
+			for _, ts := range [][]trial{p.HandoffTrials, p.TakeoverTrials} {
+				for i := range ts {
+					if t := &ts[i]; t.Stalls != nil {
+						t.Stalls.ProbeMs = s.probe.worst(t.from, t.to)
+						s.logf("N=%d trial %7.1fms: probe's slowest %v; bench sched <= %.1fms, gc pause <= %.1fms", p.N, t.Ms, t.Stalls.ProbeMs, t.Stalls.SchedMs, t.Stalls.GCPauseMs)
+					}
+				}
+			}
+		}()
+	}
 	if p.HandoffTrials, err = runTrials(ctx, sys, handoff, opts); err != nil {
 		return fmt.Errorf("handoff: %w", err)
 	}

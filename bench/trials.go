@@ -79,6 +79,21 @@ type trial struct {
 	// the new term's acquired_at minus the crashed term's expires_at, both
 	// read from the row by the database clock.
 	OvershootMs *float64 `json:"overshootMs,omitempty"`
+	// Stalls, with scale -probe, is what else was slow during the trial.
+	Stalls *trialStalls `json:"stalls,omitempty"`
+
+	from, to time.Time // the release or crash call, and the new term's start
+}
+
+// trialStalls is the slowest of each thing scale -probe watches over one
+// trial's interval, in milliseconds: the probe process's statements
+// (ProbeMs["pgbouncer"], ProbeMs["direct"]) and its 1ms sleeps' lateness
+// (ProbeMs["sleep"]), and the bench process's own longest scheduling
+// latency and GC pause (histogram bucket upper bounds).
+type trialStalls struct {
+	ProbeMs   map[string]float64 `json:"probeMs,omitempty"`
+	SchedMs   float64            `json:"benchSchedMs"`
+	GCPauseMs float64            `json:"benchGCPauseMs"`
 }
 
 // trialOptions are the knobs shared by every system's trials.
@@ -89,6 +104,9 @@ type trialOptions struct {
 	limit  time.Duration // longest wait for a new leader
 	rng    *rand.Rand
 	log    func(format string, args ...any)
+	// around, if set, is called as each trial starts; the function it
+	// returns is called with the trial once the new leader is known.
+	around func() func(*trial)
 }
 
 // runTrials runs opts.trials trials of kind on a system whose members
@@ -121,6 +139,10 @@ func runTrials(ctx context.Context, sys system, kind trialKind, opts trialOption
 		drain(sys.acquisitions())
 
 		t := trial{PhaseMs: ms(phase)}
+		var finish func(*trial)
+		if opts.around != nil {
+			finish = opts.around()
+		}
 		start := time.Now()
 		var before leaseRow
 		emptied := true
@@ -143,6 +165,10 @@ func runTrials(ctx context.Context, sys system, kind trialKind, opts trialOption
 			return out, fmt.Errorf("%s: trial %d (%s): %w", sys.name(), n, kind, err)
 		}
 		t.Ms = ms(a.at.Sub(start))
+		t.from, t.to = start, a.at
+		if finish != nil {
+			finish(&t)
+		}
 		if kind == takeover && rows != nil {
 			after, err := rows.leaseRow(ctx)
 			if err != nil {
@@ -159,6 +185,9 @@ func runTrials(ctx context.Context, sys system, kind trialKind, opts trialOption
 			extra := ""
 			if t.OvershootMs != nil {
 				extra = fmt.Sprintf(" overshoot %.0fms", *t.OvershootMs)
+			}
+			if t.Stalls != nil {
+				extra += fmt.Sprintf(" (bench: sched <= %.1fms, gc pause <= %.1fms)", t.Stalls.SchedMs, t.Stalls.GCPauseMs)
 			}
 			opts.log("%s %s %2d/%d: %7.1fms (phase %5.1fms, member %d -> %d)%s", sys.name(), kind, n+1, opts.trials, t.Ms, t.PhaseMs, leader, a.slot, extra)
 		}
