@@ -177,9 +177,10 @@ type Config struct {
 	// PollOnly turns off listening for lease releases (PostgreSQL LISTEN,
 	// with clusterpgx's providers): followers then poll every heartbeat.
 	// Set it behind a transaction pooler such as PgBouncer in transaction
-	// mode, where LISTEN cannot work. Releases within one process are
-	// still heard (with the default provider; a provider that embeds it
-	// and overrides WatchReleases is not asked to watch at all).
+	// mode, where LISTEN cannot work. A release within one process still
+	// wakes its successor and two others there (with the default
+	// provider; a provider that embeds it and overrides WatchReleases is
+	// not asked to watch at all).
 	PollOnly bool
 
 	// SkipMigrations makes New run no DDL: it checks that the cluster

@@ -42,6 +42,7 @@ type localWaiter struct {
 	instance string
 	d        *designation
 	learn    func(Lease) // the lease was granted to another node; may be nil
+	ready    func() bool // whether the node would try if woken; nil: always
 }
 
 // successorLead is how long a woken follower that is not the named
@@ -73,10 +74,11 @@ var localFallbacks = 2
 
 // announce tells the local watchers of lease name, but the holder's own,
 // that it was released: the successor the release named, if it is one of
-// them, at once, and localFallbacks of the others after a short delay.
+// them, at once, and localFallbacks of the others that would try (not
+// stopping, holding off after Resign or leading) after a short delay.
 // successor "" wakes localFallbacks+1 of them at once, unless pick is set
-// (a dialect whose release names no successor, or a successor that passed
-// the turn on): then one of them is the successor.
+// (a dialect whose release names no successor): then one of them is the
+// successor.
 func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 	key := p.releaseKey(name)
 	if key == "" {
@@ -93,6 +95,9 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 			continue
 		}
 		w.d.releasedBy(holder)
+		if w.instance != successor && w.ready != nil && !w.ready() {
+			continue // a wake-up it would not act on
+		}
 		if pick && successor == "" {
 			successor = w.instance
 		}
@@ -143,24 +148,43 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 // process, localFallbacks of them), so that they find the successor's
 // term rather than wait on its row.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) error {
-	return p.watchNamed(ctx, name, instance, func(bool) { wake() }, nil, live, true, nil)
+	return p.watchNamed(ctx, name, instance, watchHooks{wake: func(bool) { wake() }, live: live, listen: true})
 }
 
-// watchNamed is WatchReleases, telling wake whether the release named
+// watchHooks are what watchNamed calls, and whether it LISTENs.
+type watchHooks struct {
+	// wake is told of a release, and whether it named this instance its
+	// successor.
+	wake func(named bool)
+	// learn, if not nil, is told of a grant to another node of this
+	// process (announceTaken).
+	learn func(Lease)
+	// ready, if not nil, reports whether the node would try if woken; a
+	// release in this process wakes, besides its successor, only
+	// localFallbacks of the nodes that would.
+	ready func() bool
+	// live is told when LISTEN starts and stops hearing releases by other
+	// processes.
+	live func(bool)
+	// registered, if not nil, is called once the releases of this process
+	// reach the watcher.
+	registered func()
+	// listen false hears releases in this process only
+	// (Config.PollOnly), never through LISTEN.
+	listen bool
+}
+
+// watchNamed is WatchReleases, telling h.wake whether the release named
 // instance its successor, so that a node that cannot take the lease (it
 // holds off after Resign, or is stopping) can pass the turn on
 // (passRelease): the others then try at once rather than after
-// successorLead. With listen false it hears releases in this process
-// only (Config.PollOnly), never through LISTEN. learn, if not nil, is
-// told of a grant to another node of this process (announceTaken).
-// registered, if not nil, is called once the releases of this process
-// reach the watcher.
-func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake func(named bool), learn func(Lease), live func(bool), listen bool, registered func()) error {
-	d := designated(instance, wake)
+// successorLead.
+func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h watchHooks) error {
+	d := designated(instance, h.wake)
 	defer d.stop()
-	hear := d.hear
+	hear, live := d.hear, h.live
 	if key := p.releaseKey(name); key != "" {
-		w := &localWaiter{instance: instance, d: d, learn: learn}
+		w := &localWaiter{instance: instance, d: d, learn: h.learn, ready: h.ready}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
 			localReleases.m[key] = map[*localWaiter]struct{}{}
@@ -176,11 +200,11 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, wake
 			localReleases.Unlock()
 		}()
 	}
-	if registered != nil {
-		registered()
+	if h.registered != nil {
+		h.registered()
 	}
 	lp, ok := p.pool.(ListenPool)
-	if !ok || !p.d.notifies() || !listen {
+	if !ok || !p.d.notifies() || !h.listen {
 		<-ctx.Done()
 		return nil
 	}
@@ -373,7 +397,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 	// Only the default provider itself: a provider that embeds it may
 	// override WatchReleases, and then that is what runs.
 	if nw, ok := w.(*DBProvider); ok {
-		err = nw.watchNamed(ctx, c.cfg.LeaseName, c.instance, func(named bool) {
+		err = nw.watchNamed(ctx, c.cfg.LeaseName, c.instance, watchHooks{wake: func(named bool) {
 			if !named || c.mayTakeOver() {
 				wake()
 				return
@@ -390,11 +414,11 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
 				}
 			}()
-		}, func(l Lease) {
+		}, learn: func(l Lease) {
 			// Another node of this process was granted the lease: what the
 			// attempt it spares this node would have told it.
 			c.observeNewer(observed{token: l.FencingToken}, l.Holder, l.Endpoint)
-		}, live, !c.cfg.PollOnly, registered)
+		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly})
 	} else {
 		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
@@ -412,6 +436,13 @@ func (c *Cluster) mayTakeOver() bool {
 	c.mu.Lock()
 	stopped := c.stopped
 	c.mu.Unlock()
-	return !stopped && c.term.Load() == nil && c.retiring.Load() == nil &&
+	return !stopped && c.wouldTry()
+}
+
+// wouldTry is mayTakeOver without its lock, for announce, which runs
+// under localReleases' (a node that began stopping a moment ago may still
+// count).
+func (c *Cluster) wouldTry() bool {
+	return !c.down.Load() && c.term.Load() == nil && c.retiring.Load() == nil &&
 		mono() >= c.holdUntil.Load() && !c.haltedFlag.Load()
 }

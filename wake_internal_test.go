@@ -42,9 +42,12 @@ func TestDesignationQuietAfterGrant(t *testing.T) {
 // of them: at a thousand members, all of them trying at once queued with
 // the successor's grant. A release that names no successor (a pass) wakes
 // localFallbacks+1 of them at once; one on a dialect that names none picks
-// the successor among them.
+// the successor among them. A follower that would not try is woken only
+// when named (it then passes the turn on).
 func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 	const followers = 20
+	defer func(d time.Duration) { successorLead = d }(successorLead)
+	successorLead = 40 * time.Millisecond // "at once" and "later" stay apart on a busy machine
 	p := &DBProvider{identity: "test-db", prefix: "wake_"}
 	type wakeup struct {
 		node  int
@@ -59,9 +62,16 @@ func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 	for i := range followers {
 		registered.Add(1)
 		wg.Go(func() {
-			p.watchNamed(ctx, "lease", fmt.Sprint(i), func(named bool) {
-				wakes <- wakeup{i, named, time.Since(*since.Load())}
-			}, nil, func(bool) {}, false, registered.Done)
+			p.watchNamed(ctx, "lease", fmt.Sprint(i), watchHooks{
+				wake: func(named bool) {
+					wakes <- wakeup{i, named, time.Since(*since.Load())}
+				},
+				// The second half would not try (holding off, stopping):
+				// never woken unless named.
+				ready:      func() bool { return i < followers/2 },
+				live:       func(bool) {},
+				registered: registered.Done,
+			})
 		})
 	}
 	registered.Wait()
@@ -85,8 +95,18 @@ func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 		return collect()
 	}
 
+	notReady := func(got []wakeup, named int) {
+		t.Helper()
+		for _, w := range got {
+			if w.node >= followers/2 && w.node != named {
+				t.Errorf("follower %d, which would not try, was woken: %v", w.node, got)
+			}
+		}
+	}
+
 	// Named successor 3 (holder 0 is not among the woken).
 	got := release("0", "3", false)
+	notReady(got, 3)
 	if len(got) != 1+localFallbacks {
 		t.Fatalf("a release naming a successor woke %d followers (%v); want the successor and %d others", len(got), got, localFallbacks)
 	}
@@ -104,8 +124,16 @@ func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 		t.Errorf("the named successor 3 was not woken: %v", got)
 	}
 
+	// A named successor that would not try is still told (it passes on).
+	got = release("0", "13", false)
+	notReady(got, 13)
+	if !slices.ContainsFunc(got, func(w wakeup) bool { return w.node == 13 && w.named }) || len(got) != 1+localFallbacks {
+		t.Errorf("a release naming follower 13, which would not try, woke %v; want 13 named and %d others", got, localFallbacks)
+	}
+
 	// A pass: no successor; localFallbacks+1 at once.
 	got = release("3", "", false)
+	notReady(got, -1)
 	if len(got) != localFallbacks+1 {
 		t.Fatalf("a pass woke %d followers (%v); want %d", len(got), got, localFallbacks+1)
 	}
@@ -117,6 +145,7 @@ func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 
 	// A dialect that names no successor: one picked, at once and named.
 	got = release("5", "", true)
+	notReady(got, -1)
 	if len(got) != 1+localFallbacks {
 		t.Fatalf("a release with a picked successor woke %d followers (%v); want %d", len(got), got, 1+localFallbacks)
 	}

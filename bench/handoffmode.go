@@ -9,9 +9,9 @@ import (
 
 // PostgreSQL handoff modes for -pg-handoff. With "poll" followers do not
 // LISTEN (Config.PollOnly): across processes (-procs) a follower learns of
-// a released lease at its next attempt, within one heartbeat; members of
-// the bench's one process still wake each other in memory, as SQLite's and
-// MariaDB's do. With "notify" the release's NOTIFY also wakes followers in
+// a released lease at its next attempt, within one heartbeat; in the
+// bench's one process a release still wakes its successor and two others
+// in memory, as SQLite's and MariaDB's do. With "notify" the release's NOTIFY also wakes followers in
 // other processes at once: they LISTEN through clusterpgx's providers
 // (NewStdlibProvider for the database/sql members, NewProvider for pgx).
 //
