@@ -135,7 +135,7 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 	case strings.HasPrefix(code, "SF"):
 		return nil, "", code
 	case code == "25006":
-		return ErrReadOnly, "the server is a read-only replica or in recovery; point DB at the primary", ""
+		return ErrReadOnly, "the server is a read-only replica or in recovery (point DB at the primary), or the transaction is READ ONLY (fence a read-write one)", ""
 	case code == "42P01" || code == "42703":
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
 	case code == "42601":

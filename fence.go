@@ -47,9 +47,11 @@ var (
 //	// ... writes, storing token ...
 //	return tx.Commit()
 //
-// Cost: one round trip, a primary-key read (two on MariaDB, which first
-// bounds the session's idle time: before the row is locked, so that no
-// wait for the client is unbounded while it is held). While a fenced transaction is open the
+// Cost: a primary-key read, locked for share, in a round trip of its own
+// (two on MariaDB, which first bounds the session's idle time: before the
+// row is locked, so that no wait for the client is unbounded while it is
+// held; none of its own with pgx's clusterpgx.BeginFenced, which sends it
+// with the BEGIN). While a fenced transaction is open the
 // lease row cannot be renewed or acquired, so keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
@@ -162,16 +163,24 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, q txQueries) (o
 		}
 		for form := range forms {
 			ops[form] = func() error {
-				tx, err := pool.Begin(ctx)
-				if err != nil {
+				var (
+					tx    pgx.Tx
+					token uint64
+					err   error
+				)
+				if form == formFenced && tg.beginFenced {
+					tx, token, err = clusterpgx.BeginFenced(ctx, c, pool, pgx.TxOptions{})
+					if err != nil {
+						return err
+					}
+				} else if tx, err = pool.Begin(ctx); err != nil {
 					return err
 				}
 				defer tx.Rollback(ctx)
-				var token uint64
-				switch form {
-				case formRead:
+				switch {
+				case form == formRead:
 					err = tx.QueryRow(ctx, q.read, q.lease).Scan(&token)
-				case formFenced:
+				case form == formFenced && !tg.beginFenced:
 					token, err = clusterpgx.Fence(ctx, c, tx)
 				}
 				if err != nil {

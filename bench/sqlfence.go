@@ -37,6 +37,10 @@ type target struct {
 	// with heartbeats of a second or more, that is before every statement
 	// of a member, a round trip and a server transaction each.
 	noPing bool
+	// beginFenced fences the application's pgx transactions with
+	// clusterpgx.BeginFenced (the BEGIN and the fence in one round trip)
+	// rather than pool.Begin and clusterpgx.Fence.
+	beginFenced bool
 }
 
 // dsns are the databases of the run, from the flags.
@@ -60,6 +64,8 @@ func newTarget(name string, d dsns, prefix string) (target, error) {
 		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, prefix: prefix}, nil
 	case "pgx":
 		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, pgx: true, prefix: prefix}, nil
+	case "pgx+begin":
+		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, pgx: true, prefix: prefix, beginFenced: true}, nil
 	case "mariadb", "mysql":
 		return target{name: "mariadb", dialect: cluster.MySQL, driver: "mysql", dsn: d.mysql, prefix: prefix}, nil
 	case "mariadb+ip":

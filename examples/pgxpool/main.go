@@ -19,6 +19,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
@@ -75,17 +76,14 @@ func run(ctx context.Context, dsn string) error {
 	fmt.Printf("node-a leads: %v, fencing token %d\n", a.IsLeader(), a.FencingToken())
 
 	// writeOrder is ordinary pgx code (sqlc's queries.WithTx(tx) works
-	// the same): Fence first, then the writes, under the token it returns.
+	// the same): a transaction begun and fenced in one round trip, then
+	// the writes, under the token it returns.
 	writeOrder := func(c *cluster.Cluster, pool *pgxpool.Pool, item string) error {
-		tx, err := pool.Begin(ctx)
+		tx, token, err := clusterpgx.BeginFenced(ctx, c, pool, pgx.TxOptions{})
 		if err != nil {
 			return err
 		}
 		defer tx.Rollback(ctx)
-		token, err := clusterpgx.Fence(ctx, c, tx)
-		if err != nil {
-			return err
-		}
 		if _, err := tx.Exec(ctx, "INSERT INTO "+prefix+"orders (item, fencing_token) VALUES ($1, $2)", item, int64(token)); err != nil {
 			return err
 		}

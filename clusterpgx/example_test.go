@@ -1,0 +1,53 @@
+package clusterpgx_test
+
+import (
+	"context"
+	"errors"
+	"log"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
+)
+
+// A service on pgxpool holds the lease through the pool and writes in
+// transactions begun and fenced in one round trip. (Compiled, not run: it
+// needs a PostgreSQL.)
+func ExampleBeginFenced() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db.internal/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	provider, err := clusterpgx.NewProvider(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", Provider: provider})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+
+	createOrder := func(ctx context.Context, item string) error {
+		tx, token, err := clusterpgx.BeginFenced(ctx, c, pool, pgx.TxOptions{})
+		if errors.Is(err, cluster.ErrNotLeader) {
+			return err // not (or no longer) the leader: nothing was written
+		}
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		// sqlc: queries.WithTx(tx).CreateOrder(ctx, ...)
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (item, fencing_token) VALUES ($1, $2)", item, int64(token)); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	if err := createOrder(ctx, "book"); err != nil {
+		log.Print(err)
+	}
+}
