@@ -157,10 +157,23 @@ func TestBeginFenced(t *testing.T) {
 		t.Errorf("%d pool connections still acquired after a refused BeginFenced; want 0", n)
 	}
 	// A follower sends nothing.
+	f := node(t, tg, newPool(t, tg, 0), "f", slow)
 	log.reset()
-	if _, _, err := clusterpgx.BeginFenced(ctx, a, app, pgx.TxOptions{}); !errors.Is(err, cluster.ErrNotLeader) {
-		t.Fatalf("BeginFenced by a node that learned it lost = %v, want ErrNotLeader", err)
+	if _, _, err := clusterpgx.BeginFenced(ctx, f, app, pgx.TxOptions{}); !errors.Is(err, cluster.ErrNotLeader) {
+		t.Fatalf("BeginFenced by a follower = %v, want ErrNotLeader", err)
 	}
+	if batches, singles := log.reset(); len(batches)+len(singles) != 0 {
+		t.Errorf("BeginFenced by a follower sent %q and %q; want nothing", batches, singles)
+	}
+	// Inside a transaction: refused before anything is sent.
+	outer, err := app.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := clusterpgx.BeginFenced(ctx, b, outer, pgx.TxOptions{}); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Errorf("BeginFenced on a pgx.Tx = %v, want ErrInvalidConfig", err)
+	}
+	outer.Rollback(ctx)
 	tx, token, err = clusterpgx.BeginFenced(ctx, b, app, pgx.TxOptions{})
 	if err != nil || token != b.FencingToken() {
 		t.Fatalf("BeginFenced by the new leader = %d, %v; want its token %d", token, err, b.FencingToken())
@@ -197,6 +210,13 @@ func TestBeginFencedWithoutInit(t *testing.T) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// A BEGIN that fails gives the pool's connection back.
+	if _, _, err := clusterpgx.BeginFenced(ctx, nil, pool, pgx.TxOptions{BeginQuery: "BEGIN garbage"}); err == nil {
+		t.Fatal("BeginFenced with a malformed BEGIN succeeded")
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d pool connections still acquired after a failed BEGIN; want 0", n)
 	}
 }
 

@@ -55,8 +55,8 @@ func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
 }
 
 // A Batcher sends a batch of queries on one connection: *pgxpool.Pool,
-// *pgxpool.Conn and *pgx.Conn (not a pgx.Tx, whose batches cannot begin a
-// transaction).
+// *pgxpool.Conn and *pgx.Conn. A pgx.Tx has the method too, but its
+// batches cannot begin a transaction, and [BeginFenced] refuses one.
 type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
@@ -71,7 +71,9 @@ var (
 // c, as [Fence] would, in one round trip: the BEGIN and the fence's locked
 // read of the lease row go to the server together (pgx's Batch.BeginTx), so
 // a fenced transaction takes no more round trips than the same transaction
-// begun with db.BeginTx. It returns the transaction, for the caller to
+// begun with db.BeginTx (once pgx has prepared the two statements on the
+// connection, in its default mode; always in the exec and simple-protocol
+// modes). It returns the transaction, for the caller to
 // commit or roll back, and the token of the term it verified, for the rows
 // the transaction writes. On a pool the connection stays acquired until
 // then.
@@ -94,6 +96,9 @@ func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions 
 	if db == nil {
 		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on", cluster.ErrInvalidConfig)
 	}
+	if _, ok := db.(pgx.Tx); ok {
+		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced begins a transaction and cannot begin one inside %T; use clusterpgx.Fence on it", cluster.ErrInvalidConfig, db)
+	}
 	q := &beginQuerier{db: db, opts: txOptions}
 	var token uint64
 	var err error
@@ -108,14 +113,13 @@ func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions 
 		b.BeginTx(txOptions)
 		br := db.SendBatch(ctx, b)
 		q.tx = br.Tx()
-		if err = br.Close(); err != nil {
-			q.tx = nil
-		}
+		err = br.Close()
 	}
 	if err != nil {
 		if q.tx != nil {
-			// The BEGIN went through and the fence refused: end it, and
-			// give a pool's connection back.
+			// End the transaction if it began, and give a pool's
+			// connection back either way (pgxpool releases it on
+			// Rollback, even of a transaction that never began).
 			q.tx.Rollback(context.WithoutCancel(ctx))
 		}
 		return nil, 0, err
