@@ -76,7 +76,9 @@ var (
 // modes). It returns the transaction, for the caller to
 // commit or roll back, and the token of the term it verified, for the rows
 // the transaction writes. On a pool the connection stays acquired until
-// then.
+// then. A connection must not be in a transaction already (one begun by
+// hand with a BEGIN statement): the server would only warn, and the fence
+// would join that transaction.
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, cluster.ErrStaleFencingToken)),
