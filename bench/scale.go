@@ -24,9 +24,10 @@ import (
 // scalePoint is one N of a scale run: N members of this package in one
 // process, each with a pool of its own, against one PostgreSQL.
 type scalePoint struct {
-	Via         string  `json:"via"`              // direct or pgbouncer
-	Driver      string  `json:"driver"`           // sql (database/sql over pgx's stdlib) or pgx (clusterpgx over pgxpool)
-	NoPing      bool    `json:"noPing,omitempty"` // the members' pools skip pgx's ping before reusing a connection
+	Via         string  `json:"via"`                 // direct or pgbouncer
+	Driver      string  `json:"driver"`              // sql (database/sql over pgx's stdlib) or pgx (clusterpgx over pgxpool)
+	NoPing      bool    `json:"noPing,omitempty"`    // the members' pools skip pgx's ping before reusing a connection
+	PgHandoff   string  `json:"pgHandoff,omitempty"` // notify: the followers LISTEN (direct only)
 	N           int     `json:"n"`
 	Conns       int     `json:"connsPerMember"`
 	TTLMs       float64 `json:"ttlMs"`
@@ -113,6 +114,7 @@ func scale(ctx context.Context, args []string) error {
 	name := fs.String("name", "", "the series' name: results/scale-NAME.json and the plots' legend (default: -via)")
 	verbose := fs.Bool("v", false, "log progress and the members' warnings")
 	ping := fs.Bool("ping", true, "let pgx ping a connection idle for over a second before reusing it (its default); -ping=false turns that off in the members' pools")
+	pgHandoff := fs.String("pg-handoff", pgHandoffPoll, "poll, or notify: the members LISTEN for releases (clusterpgx's providers; -via direct only, as a transaction pooler cannot LISTEN) and, hearing, a follower polls once per LeaseTTL")
 	probe := fs.Bool("probe", false, "run a probe process beside the members (SELECT 1 through PgBouncer and directly, and 1ms sleeps) and record, for each trial, the slowest of each and the bench's own scheduling latency and GC pauses")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -122,6 +124,13 @@ func scale(ctx context.Context, args []string) error {
 	}
 	if *driver != "sql" && *driver != "pgx" {
 		return fmt.Errorf("-driver %q: want sql or pgx", *driver)
+	}
+	_, pgConfig, err := pgHandoffMode(*pgHandoff)
+	if err != nil {
+		return err
+	}
+	if *pgHandoff == pgHandoffNotify && *via != "direct" {
+		return fmt.Errorf("-pg-handoff notify needs -via direct: LISTEN cannot work through PgBouncer in transaction mode")
 	}
 	if *ns == "" {
 		*ns = map[string]string{"direct": "10,30,45", "pgbouncer": "100,300,1000"}[*via]
@@ -199,12 +208,12 @@ func scale(ctx context.Context, args []string) error {
 			fmt.Fprintf(os.Stderr, "scale: drop the tables %s*: %v\n", prefix, err)
 		}
 	}()
-	fmt.Printf("scale: via %s, driver %s, %d connection(s) per member, LeaseTTL %v, heartbeat %v, window %v, %d trials, N = %v, table prefix %s\n",
-		*via, *driver, *conns, *ttl, *heartbeat, *window, *trials, counts, prefix)
+	fmt.Printf("scale: via %s, driver %s, pg-handoff %s, %d connection(s) per member, LeaseTTL %v, heartbeat %v, window %v, %d trials, N = %v, table prefix %s\n",
+		*via, *driver, *pgHandoff, *conns, *ttl, *heartbeat, *window, *trials, counts, prefix)
 
 	var points []scalePoint
 	for _, n := range counts {
-		p := scalePoint{Via: *via, Driver: *driver, NoPing: !*ping, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
+		p := scalePoint{Via: *via, Driver: *driver, NoPing: !*ping, PgHandoff: *pgHandoff, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
 		if *via == "direct" {
 			if err := checkHeadroom(ctx, admin, n**conns+1, *headroom); err != nil {
 				p.Limited = err.Error()
@@ -213,7 +222,7 @@ func scale(ctx context.Context, args []string) error {
 				continue
 			}
 		}
-		setup := scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf, probe: pr}
+		setup := scaleSetup{tg: tg, admin: admin, tm: timings{*ttl, *heartbeat}, window: *window, trials: *trials, verbose: *verbose, logf: logf, probe: pr, configure: pgConfig}
 		if bouncer != nil {
 			setup.bouncerPid = bouncer.cmd.Process.Pid
 		}
@@ -267,6 +276,7 @@ type scaleSetup struct {
 	verbose    bool
 	logf       func(string, ...any)
 	probe      *prober // nil without -probe
+	configure  func(*cluster.Config) error
 }
 
 // scaleOne measures one N: start, a window of steady load, then handoff
@@ -286,7 +296,7 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 
 	sys, err := newSQLFence(s.tg, sqlfenceOptions{
 		lease: fmt.Sprintf("scale%d", p.N), members: p.N, conns: p.Conns, tm: s.tm,
-		mode: releaseShutdown, log: quietLogger(s.verbose), observer: counter.observe,
+		mode: releaseShutdown, log: quietLogger(s.verbose), observer: counter.observe, configure: s.configure,
 	})
 	if err != nil {
 		return err
