@@ -140,9 +140,15 @@ func scalePlots(series []scaleResult, dir string) error {
 		{"scale-statements.png", "Load on PostgreSQL against members (one process)", "statements per second", true,
 			[]line{
 				{"client-side count", func(p scalePoint) float64 { return p.ClientPS }},
-				{"one per member per heartbeat", func(p scalePoint) float64 {
-					if p.HeartbeatMs == 0 {
+				// Polling: one per member per heartbeat; listening
+				// (-pg-handoff notify): the leader's one per heartbeat plus
+				// one per follower per TTL.
+				{"expected", func(p scalePoint) float64 {
+					if p.HeartbeatMs == 0 || p.TTLMs == 0 {
 						return 0
+					}
+					if p.PgHandoff == pgHandoffNotify {
+						return 1000/p.HeartbeatMs + float64(p.N-1)*1000/p.TTLMs
 					}
 					return float64(p.N) * 1000 / p.HeartbeatMs
 				}},
