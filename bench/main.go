@@ -38,25 +38,11 @@ Run "go run . <command> -h" for a command's flags.
 
 func main() {
 	if spec := os.Getenv(memberEnv); spec != "" {
-		// A member process of compare -procs.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := runMember(ctx, spec)
-		stop()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench member:", err)
-			os.Exit(1)
-		}
+		runChild("member", spec, runMember) // a member process of compare -procs
 		return
 	}
 	if spec := os.Getenv(probeEnv); spec != "" {
-		// The probe process of scale -probe.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := runProbe(ctx, spec)
-		stop()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench probe:", err)
-			os.Exit(1)
-		}
+		runChild("probe", spec, runProbe) // the probe process of scale -probe
 		return
 	}
 	if len(os.Args) < 2 {
@@ -99,4 +85,17 @@ func quietLogger(verbose bool) *slog.Logger {
 		level = slog.LevelWarn
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// runChild runs the bench as a child process of itself (what names it in
+// errors) with the configuration spec, until run returns or the process
+// is interrupted, and exits with status 1 on an error.
+func runChild(what, spec string, run func(context.Context, string) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, spec)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", what, err)
+		os.Exit(1)
+	}
 }

@@ -99,7 +99,9 @@ func runProbe(ctx context.Context, specJSON string) error {
 		}
 	})
 	wg.Wait()
-	return nil
+	mu.Lock()
+	defer mu.Unlock()
+	return out.Flush() // the samples since the last tick
 }
 
 // probeSample is one line of the probe's output.

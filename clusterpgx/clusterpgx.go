@@ -111,11 +111,10 @@ func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions 
 	}
 	if err == nil && q.tx == nil {
 		// Nothing to fence (no cluster.Init): a plain transaction.
-		b := &pgx.Batch{}
-		b.BeginTx(txOptions)
-		br := db.SendBatch(ctx, b)
-		q.tx = br.Tx()
-		err = br.Close()
+		var br pgx.BatchResults
+		if br, err = q.send(ctx, "", nil); err == nil {
+			err = br.Close()
+		}
 	}
 	if err != nil {
 		if q.tx != nil {
@@ -138,12 +137,14 @@ type beginQuerier struct {
 	tx   pgx.Tx // once the batch was sent
 }
 
-// send sends the BEGIN and the first statement, and returns the results,
-// the BEGIN's consumed.
+// send sends the BEGIN and the first statement (none if sql is empty),
+// and returns the results, the BEGIN's consumed.
 func (q *beginQuerier) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(q.opts)
-	b.Queue(sql, args...)
+	if sql != "" {
+		b.Queue(sql, args...)
+	}
 	br := q.db.SendBatch(ctx, b)
 	q.tx = br.Tx()
 	if _, err := br.Exec(); err != nil {
