@@ -69,6 +69,7 @@ type Cluster struct {
 
 	members      MemberStore   // nil when the provider keeps no membership
 	wake         chan struct{} // a release was heard: try now
+	succeeded    chan struct{} // another node was heard taking the lease (Shutdown waits for it)
 	hearing      atomic.Bool   // releases by other processes are heard (LISTEN)
 	heartbeating atomic.Bool   // the heartbeat (or a follower's watch) runs
 	joined       atomic.Bool   // this node's membership row is active
@@ -215,6 +216,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
 	c.wake = make(chan struct{}, 1)
+	c.succeeded = make(chan struct{}, 1)
 	c.lookupCtx, c.stopLookups = context.WithCancel(context.Background())
 	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
 	c.downCh = make(chan struct{})
@@ -423,6 +425,14 @@ func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 // delivers the final lease-released event, and waits for every goroutine
 // of the Cluster to exit. After Shutdown, IsLeader is false for good.
 //
+// When the release woke a node of this process, or named a successor that
+// this node can hear take the lease (PostgreSQL, listening), Shutdown
+// waits for that grant, for at most 50 ms or one
+// [Config.HeartbeatInterval], before it closes its listener and marks
+// this node left: closing connections, and what the application tears
+// down once Shutdown returns, would otherwise compete with the
+// successor's grant for the database.
+//
 // The release waits for a renew of the term in flight to return (a renew
 // answered after the release could extend the released lease), then runs
 // on a context the caller cannot cancel, bounded by
@@ -515,7 +525,8 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	late.Stop()
 	c.cancel()
 	if t != nil {
-		err = c.release(ctx, t.lease)
+		var expect bool
+		expect, err = c.releaseToSuccessor(ctx, t.lease)
 		reason := ReasonShutdown
 		if err == nil {
 			c.stats.releases.Add(1)
@@ -527,6 +538,9 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
 		}
 		c.emit(EventLeaseReleased, t.lease.FencingToken, reason)
+		if expect {
+			c.awaitSuccessor(ctx)
+		}
 	}
 	c.cancelListen()
 

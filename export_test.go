@@ -38,3 +38,12 @@ func LocalWatchers(p *DBProvider, name string) int {
 	defer localReleases.Unlock()
 	return len(localReleases.m[p.releaseKey(name)])
 }
+
+// SetShutdownHandoffWait sets how long Shutdown waits to hear its
+// successor take the lease, until the test ends. Only for tests that do
+// not run in parallel.
+func SetShutdownHandoffWait(t interface{ Cleanup(func()) }, d time.Duration) {
+	was := shutdownHandoffWait
+	shutdownHandoffWait = d
+	t.Cleanup(func() { shutdownHandoffWait = was })
+}

@@ -419,6 +419,15 @@ func (p *DBProvider) Release(ctx context.Context, l Lease) error {
 	return err
 }
 
+// releaseTerm is Release, also reporting what the release expects: named,
+// that it named a successor among the members the database saw lately (it
+// notified other processes); woke, that it woke a node of this process.
+func (p *DBProvider) releaseTerm(ctx context.Context, l Lease) (named, woke bool, err error) {
+	var r released
+	r, err = p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	return r.successor != "", r.woke, err
+}
+
 // ReleaseInstance implements [InstanceReleaser].
 func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
 	_, err := p.release(ctx, name, instance, p.q.ReleaseInstance, name, holder, instance)
@@ -432,25 +441,39 @@ func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance
 // otherwise, and release reports whether it ended one; elsewhere it
 // reports true.
 func (p *DBProvider) release(ctx context.Context, name, instance, q string, args ...any) (bool, error) {
+	r, err := p.releaseNamed(ctx, name, instance, q, args...)
+	return r.ended, err
+}
+
+// released is what releaseNamed learnt.
+type released struct {
+	ended     bool   // a term ended (always true where releases do not notify)
+	successor string // the successor the statement named; "" for none, or where releases do not notify
+	woke      bool   // a node of this process was woken
+}
+
+// releaseNamed is release, also returning the successor it named and
+// whether it woke a node of this process.
+func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string, args ...any) (released, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
-		return false, err
+		return released{}, err
 	}
 	defer release()
 	var successor string
 	if p.d.notifies() {
 		err = conn.QueryRow(ctx, p.d.bound(q, statementLimit(ctx)), args...).Scan(&instance, &successor)
 		if errors.Is(err, sql.ErrNoRows) {
-			return false, nil
+			return released{}, nil
 		}
 	} else {
 		_, err = conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)
 	}
 	if err != nil {
-		return false, p.wrap("release lease "+quote(name), err)
+		return released{}, p.wrap("release lease "+quote(name), err)
 	}
-	p.announce(name, instance, successor, !p.d.notifies())
-	return true, nil
+	woke := p.announce(name, instance, successor, !p.d.notifies())
+	return released{ended: true, successor: successor, woke: woke}, nil
 }
 
 // exec runs a lease statement, bounded on the server, on a connection of

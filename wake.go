@@ -41,8 +41,9 @@ var localReleases = struct {
 type localWaiter struct {
 	instance string
 	d        *designation
-	learn    func(Lease) // the lease was granted to another node; may be nil
-	ready    func() bool // whether the node would try if woken; nil: always
+	learn    func(Lease)         // the lease was granted to another node; may be nil
+	taken    func(holder string) // the same, for watchHooks.taken; may be nil
+	ready    func() bool         // whether the node would try if woken; nil: always
 }
 
 // successorLead is how long a woken follower that is not the named
@@ -78,11 +79,11 @@ var localFallbacks = 2
 // stopping, holding off after Resign or leading) after a short delay.
 // successor "" wakes localFallbacks+1 of them at once, unless pick is set
 // (a dialect whose release names no successor): then one of them is the
-// successor.
-func (p *DBProvider) announce(name, holder, successor string, pick bool) {
+// successor. It reports whether it woke any.
+func (p *DBProvider) announce(name, holder, successor string, pick bool) (woke bool) {
 	key := p.releaseKey(name)
 	if key == "" {
-		return
+		return false
 	}
 	localReleases.Lock()
 	defer localReleases.Unlock()
@@ -108,7 +109,9 @@ func (p *DBProvider) announce(name, holder, successor string, pick bool) {
 			others--
 		}
 		w.d.hear(successor)
+		woke = true
 	}
+	return woke
 }
 
 // announceTaken tells the local watchers of lease name, but the new
@@ -136,6 +139,9 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 		if w.learn != nil {
 			w.learn(l)
 		}
+		if w.taken != nil {
+			w.taken(l.Instance)
+		}
 	}
 }
 
@@ -159,6 +165,9 @@ type watchHooks struct {
 	// learn, if not nil, is told of a grant to another node of this
 	// process (announceTaken).
 	learn func(Lease)
+	// taken, if not nil, is told the instance of another node granted the
+	// lease, in this process (after learn) or, by LISTEN, in another.
+	taken func(holder string)
 	// ready, if not nil, reports whether the node would try if woken; a
 	// release in this process wakes, besides its successor, only
 	// localFallbacks of the nodes that would.
@@ -184,7 +193,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 	defer d.stop()
 	hear, live := d.hear, h.live
 	if key := p.releaseKey(name); key != "" {
-		w := &localWaiter{instance: instance, d: d, learn: h.learn, ready: h.ready}
+		w := &localWaiter{instance: instance, d: d, learn: h.learn, taken: h.taken, ready: h.ready}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
 			localReleases.m[key] = map[*localWaiter]struct{}{}
@@ -214,9 +223,22 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		// the lease name, a newline and the successor's instance; then the
 		// name alone, which older nodes act on. The name alone after a
 		// named one is its companion; without one, an older node released.
+		// A grant sends the name, a tab and the new holder's instance.
 		named := false
 		err := lp.Listen(ctx, channel, func() { live(true) }, func(payload string) {
-			lease, successor, ok := strings.Cut(payload, "\n") // a name holds no newline (Config.LeaseName)
+			if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
+				if lease == name && holder != instance {
+					// Granted: a wake still pending would only be refused. (No
+					// quiet time, as a grant in this process sets: this one
+					// comes after the release it follows, in commit order.)
+					d.stop()
+					if h.taken != nil {
+						h.taken(holder)
+					}
+				}
+				return
+			}
+			lease, successor, ok := strings.Cut(payload, "\n") // nor a newline (Config.LeaseName)
 			switch {
 			case lease != name:
 			case ok:
@@ -418,6 +440,11 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			// Another node of this process was granted the lease: what the
 			// attempt it spares this node would have told it.
 			c.observeNewer(observed{token: l.FencingToken}, l.Holder, l.Endpoint)
+		}, taken: func(string) {
+			select {
+			case c.succeeded <- struct{}{}:
+			default:
+			}
 		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly})
 	} else {
 		registered()

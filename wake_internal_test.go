@@ -153,3 +153,77 @@ func TestReleaseWakesSuccessorAndFewFallbacks(t *testing.T) {
 		t.Errorf("want one picked successor, other than the holder, woken as named: %v", got)
 	}
 }
+
+// listenFeed is a ListenPool whose notifications are fed by the test.
+type listenFeed struct {
+	Pool
+	payloads chan string
+}
+
+func (f *listenFeed) Listen(ctx context.Context, _ string, ready func(), notify func(string)) error {
+	ready()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case p := <-f.payloads:
+			notify(p)
+		}
+	}
+}
+
+// A grant heard by LISTEN (the lease name, a tab and the new holder's
+// instance) cancels the wake that its release armed for a follower that
+// was not the successor, and is reported to the taken hook, unless it is
+// this node's own grant or another lease's.
+func TestListenerHearsGrants(t *testing.T) {
+	defer func(d time.Duration) { successorLead = d }(successorLead)
+	successorLead = 100 * time.Millisecond
+	feed := &listenFeed{payloads: make(chan string)}
+	p := &DBProvider{prefix: "wake_", d: &postgres{}, pool: feed}
+	var woken atomic.Int32
+	taken := make(chan string, 8)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		p.watchNamed(ctx, "lease", "me", watchHooks{
+			wake:   func(bool) { woken.Add(1) },
+			taken:  func(holder string) { taken <- holder },
+			live:   func(bool) {},
+			listen: true,
+		})
+	})
+	for _, payload := range []string{
+		"lease\nother", // a release naming another successor: a wake in 100-200ms
+		"lease",        // its companion, for older nodes
+		"other\tnode",  // another lease's grant
+		"lease\tme",    // a grant to this node (it would know already)
+		"lease\tother", // the successor's grant
+	} {
+		feed.payloads <- payload
+	}
+	select {
+	case h := <-taken:
+		if h != "other" {
+			t.Fatalf("taken(%q); want taken(\"other\") only", h)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant was not reported")
+	}
+	time.Sleep(3 * successorLead)
+	if n := woken.Load(); n != 0 {
+		t.Fatalf("woken %d times; want the release's delayed wake cancelled by the grant", n)
+	}
+	select {
+	case h := <-taken:
+		t.Fatalf("taken(%q) reported too", h)
+	default:
+	}
+
+	feed.payloads <- "lease\nother" // a later release, then no grant: the wake comes
+	time.Sleep(3 * successorLead)
+	if n := woken.Load(); n != 1 {
+		t.Fatalf("woken %d times after a release with no grant; want 1", n)
+	}
+}

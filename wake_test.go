@@ -340,3 +340,36 @@ func TestNewReturnsHearing(t *testing.T) {
 		}
 	}
 }
+
+// Shutdown, having released the lease to a node it can hear take it (here
+// one of this process, on every dialect), returns only once that node
+// leads: closing its connections, and whatever the application tears down
+// after Shutdown returns, would otherwise compete with the successor's
+// grant for the database. Alone, it does not wait. (Not parallel: it
+// lengthens the wait, a package variable, so that a loaded machine cannot
+// outlast it.)
+func TestShutdownWaitsForSuccessor(t *testing.T) {
+	cluster.SetShutdownHandoffWait(t, 5*time.Second) // HeartbeatInterval (slow) bounds it too
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a", slow)
+		b := start(t, tg, "b", slow)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		if err := a.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !b.IsLeader() {
+			t.Fatal("a's Shutdown returned before b, which it woke, took the lease over")
+		}
+
+		start := time.Now()
+		if err := b.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("b's Shutdown, with no other member, took %v; want no wait for a successor", took)
+		}
+	})
+}

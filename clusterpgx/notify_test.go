@@ -213,7 +213,8 @@ func TestListeningFollowersStatements(t *testing.T) {
 // A release's notification names the successor: the live member that has
 // run longest, never the node whose term ended. That node takes over;
 // the others try later (wake.go). An operator's forced release names one
-// too, never the holder.
+// too, never the holder. Each grant notifies its new holder's instance,
+// after a tab.
 func TestReleaseNotifiesSuccessor(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
@@ -263,6 +264,24 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 		return best.NodeID, best.Instance
 	}
 
+	instanceOf := func(id string) string {
+		t.Helper()
+		ms, err := nodes["a"].Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.NodeID == id && m.Status == "active" {
+				return m.Instance
+			}
+		}
+		t.Fatalf("no active member %s", id)
+		return ""
+	}
+	if got, want := next(), "leader\t"+instanceOf("a"); got != want {
+		t.Fatalf("a's grant notified %q, want %q: the lease name, a tab and the new holder's instance", got, want)
+	}
+
 	want, instance := successor("a")
 	if err := nodes["a"].Resign(ctx); err != nil {
 		t.Fatal(err)
@@ -278,6 +297,9 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 			t.Logf("%s leads: %v; %+v", id, n.IsLeader(), n.Stats())
 		}
 		t.Fatalf("the named successor %s did not take over within 2s", want)
+	}
+	if got := next(); got != "leader\t"+instance {
+		t.Fatalf("the successor's grant notified %q, want %q", got, "leader\t"+instance)
 	}
 
 	// clusterctl release -force: the holder is not named. (The others'
@@ -297,6 +319,15 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	}
 	if got := next(); got != "leader" {
 		t.Fatalf("the forced release's second notification is %q, want the lease name alone", got)
+	}
+	// The next grant's, after a pass (the lease name alone) if the named
+	// successor, a, still holds off after its Resign.
+	got := next()
+	if got == "leader" {
+		got = next()
+	}
+	if lease, holder, ok := strings.Cut(got, "\t"); !ok || lease != "leader" || holder == "" {
+		t.Fatalf("the notification of the grant after the forced release is %q, want the lease name, a tab and an instance", got)
 	}
 	if released, err := p.ForceRelease(ctx, "nobody"); err != nil || released {
 		t.Fatalf("ForceRelease of a lease never held = %v, %v; want false, nil", released, err)
@@ -382,18 +413,28 @@ func TestLeaderRunsReleaseAheadOncePerTerm(t *testing.T) {
 		t.Fatalf("Shutdown: the release statement ran %d times in all, want 4", n)
 	}
 
-	// Two releases, one notification each (with no other member to name,
-	// the two payloads are the same, sent once); the runs ahead sent none.
-	for i := range 2 {
+	// Two terms: a grant's notification (the lease name, a tab and a's
+	// instance) and a release's (with no other member to name, the two
+	// payloads are the same, sent once) each; the runs ahead sent none.
+	instance := ""
+	for i := range 4 {
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		n, err := listener.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
-			t.Fatalf("notification %d of the two releases: %v", i+1, err)
+			t.Fatalf("notification %d of the two grants and releases: %v", i+1, err)
 		}
-		if n.Payload != "leader" {
-			t.Errorf("notification %d = %q, want the lease name", i+1, n.Payload)
+		if i%2 == 1 {
+			if n.Payload != "leader" {
+				t.Errorf("notification %d = %q, want the lease name (a release)", i+1, n.Payload)
+			}
+			continue
 		}
+		lease, holder, ok := strings.Cut(n.Payload, "\t")
+		if !ok || lease != "leader" || holder == "" || instance != "" && holder != instance {
+			t.Errorf("notification %d = %q, want the lease name, a tab and a's instance (a grant)", i+1, n.Payload)
+		}
+		instance = holder
 	}
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()

@@ -27,6 +27,14 @@
 -- puts the setting back on for its transaction if it is off (a refused
 -- attempt earlier in the same transaction, on a Pool whose connections
 -- are transactions, would otherwise have turned it off for the grant too).
+-- A grant tells the listeners too (NOTIFY on channel {{prefix}}lease,
+-- delivered when it commits, after the release it follows): the lease name,
+-- a tab and the new holder's instance. A follower still waiting out
+-- successorLead need not try, and the node that released, which waits for
+-- its successor before it closes its connections (Shutdown), can go on.
+-- Nodes of versions that do not know it ignore it (no newline: not a name
+-- they listen for). The warm-up's grants notify nothing: they are rolled
+-- back.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
            COALESCE(current_setting('sqlfence.{{prefix}}warm', true), '') = '1' AS warm
@@ -55,7 +63,8 @@ WITH clock AS (
     RETURNING l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint
 )
 SELECT true, g.holder, g.instance, g.fencing_token, g.expires_at, g.endpoint, c.now_ms, c.warm
-FROM granted g, clock c
+FROM granted g, clock c,
+     LATERAL (SELECT pg_notify('{{prefix}}lease', $5 || E'\t' || g.instance) AS told) n
 WHERE current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL
 UNION ALL
 SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms, c.warm
