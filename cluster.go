@@ -67,14 +67,17 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members      MemberStore   // nil when the provider keeps no membership
-	wake         chan struct{} // a release was heard: try now
-	succeeded    chan struct{} // another node was heard taking the lease (Shutdown waits for it)
-	hearing      atomic.Bool   // releases by other processes are heard (LISTEN)
-	heartbeating atomic.Bool   // the heartbeat (or a follower's watch) runs
-	joined       atomic.Bool   // this node's membership row is active
-	haltedFlag   atomic.Bool   // halted is set; readable from any goroutine
-	steps        int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	members   MemberStore   // nil when the provider keeps no membership
+	wake      chan struct{} // a release was heard: try now
+	succeeded chan struct{} // another node was heard taking the lease (Shutdown waits for it)
+	// heardSuccessor is set when Shutdown heard another node take the
+	// lease it released (for the tests).
+	heardSuccessor atomic.Bool
+	hearing        atomic.Bool // releases by other processes are heard (LISTEN)
+	heartbeating   atomic.Bool // the heartbeat (or a follower's watch) runs
+	joined         atomic.Bool // this node's membership row is active
+	haltedFlag     atomic.Bool // halted is set; readable from any goroutine
+	steps          int         // heartbeat steps, for the membership refresh; heartbeat goroutine only
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -425,20 +428,24 @@ func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 // delivers the final lease-released event, and waits for every goroutine
 // of the Cluster to exit. After Shutdown, IsLeader is false for good.
 //
-// When the release woke a node of this process, or named a successor that
-// this node can hear take the lease (PostgreSQL, listening), Shutdown
-// waits for that grant, for at most 50 ms or one
-// [Config.HeartbeatInterval], before it closes its listener and marks
-// this node left: closing connections, and what the application tears
-// down once Shutdown returns, would otherwise compete with the
-// successor's grant for the database.
+// When the release woke a node of this process, or named a successor
+// while this node hears grants (PostgreSQL, listening), Shutdown waits to
+// hear another node take the lease, for at most 50 ms or one
+// [Config.HeartbeatInterval], whichever is shorter, or until ctx is done,
+// before it closes its listener and marks this node left: closing
+// connections, and what the application tears down once Shutdown
+// returns, would otherwise compete with the successor's grant for the
+// database. The wait runs out unheard when no other node will take the
+// lease (the members named are RoleFollower or PollOnly nodes with no
+// candidate beside them) or when the one that does is of an earlier
+// version, whose grants do not notify.
 //
 // The release waits for a renew of the term in flight to return (a renew
 // answered after the release could extend the released lease), then runs
 // on a context the caller cannot cancel, bounded by
 // [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
-// ctx bounds only the waits for transition handlers and for a Shutdown
-// already in progress. Shutdown is idempotent: a later call waits for the
+// ctx bounds only the waits for the successor, for transition handlers
+// and for a Shutdown already in progress. Shutdown is idempotent: a later call waits for the
 // first to finish and returns its result.
 //
 // A transition handler may call Shutdown. Called from a handler, Shutdown

@@ -39,6 +39,10 @@ func LocalWatchers(p *DBProvider, name string) int {
 	return len(localReleases.m[p.releaseKey(name)])
 }
 
+// HeardSuccessor reports whether c's Shutdown heard another node take the
+// lease it released before it went on.
+func HeardSuccessor(c *Cluster) bool { return c.heardSuccessor.Load() }
+
 // SetShutdownHandoffWait sets how long Shutdown waits to hear its
 // successor take the lease, until the test ends. Only for tests that do
 // not run in parallel.

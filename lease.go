@@ -419,9 +419,13 @@ func (c *Cluster) releaseToSuccessor(ctx context.Context, l Lease) (bool, error)
 func (c *Cluster) awaitSuccessor(ctx context.Context) {
 	t := time.NewTimer(min(shutdownHandoffWait, c.cfg.HeartbeatInterval))
 	defer t.Stop()
+	start := time.Now()
 	select {
 	case <-c.succeeded:
+		c.heardSuccessor.Store(true)
+		c.log.DebugContext(ctx, "cluster: heard the successor take the lease", "after", time.Since(start))
 	case <-t.C:
+		c.log.DebugContext(ctx, "cluster: did not hear a successor take the lease; closing anyway", "waited", time.Since(start))
 	case <-ctx.Done():
 	}
 }

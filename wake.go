@@ -228,9 +228,14 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		err := lp.Listen(ctx, channel, func() { live(true) }, func(payload string) {
 			if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
 				if lease == name && holder != instance {
-					// Granted: a wake still pending would only be refused. (No
-					// quiet time, as a grant in this process sets: this one
-					// comes after the release it follows, in commit order.)
+					// Granted: a wake still pending would only be refused. No
+					// quiet time, as a grant in this process sets: by LISTEN a
+					// grant comes after the release it follows (commit order);
+					// the copy of a release made in this process can come
+					// later, and then arms a wake that makes one refused
+					// attempt. A quiet time could not be ended by the holder's
+					// own release, as a release heard by LISTEN does not say
+					// who made it.
 					d.stop()
 					if h.taken != nil {
 						h.taken(holder)
@@ -438,7 +443,12 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			}()
 		}, learn: func(l Lease) {
 			// Another node of this process was granted the lease: what the
-			// attempt it spares this node would have told it.
+			// attempt it spares this node would have told it. Not once this
+			// node is stopping: Shutdown waits for that grant, and its
+			// lease-released stays the last event.
+			if c.down.Load() {
+				return
+			}
 			c.observeNewer(observed{token: l.FencingToken}, l.Holder, l.Endpoint)
 		}, taken: func(string) {
 			select {

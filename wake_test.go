@@ -342,12 +342,12 @@ func TestNewReturnsHearing(t *testing.T) {
 }
 
 // Shutdown, having released the lease to a node it can hear take it (here
-// one of this process, on every dialect), returns only once that node
-// leads: closing its connections, and whatever the application tears down
-// after Shutdown returns, would otherwise compete with the successor's
-// grant for the database. Alone, it does not wait. (Not parallel: it
-// lengthens the wait, a package variable, so that a loaded machine cannot
-// outlast it.)
+// one of this process, on every dialect), returns only once that node's
+// grant has committed: closing its connections, and whatever the
+// application tears down after Shutdown returns, would otherwise compete
+// with the successor's grant for the database. Its lease-released is its
+// last event. Alone, it does not wait. (Not parallel: it lengthens the
+// wait, a package variable, so that a loaded machine cannot outlast it.)
 func TestShutdownWaitsForSuccessor(t *testing.T) {
 	cluster.SetShutdownHandoffWait(t, 5*time.Second) // HeartbeatInterval (slow) bounds it too
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
@@ -360,8 +360,20 @@ func TestShutdownWaitsForSuccessor(t *testing.T) {
 		if err := a.Shutdown(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if !b.IsLeader() {
-			t.Fatal("a's Shutdown returned before b, which it woke, took the lease over")
+		// Read from the database: b stores its term a moment after its
+		// grant commits, which is what a hears.
+		l, err := b.CurrentLeader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil || l.NodeID != "b" {
+			t.Fatalf("when a's Shutdown returned the lease was held by %+v; want b, which a woke, to have taken it", l)
+		}
+		if !cluster.HeardSuccessor(a.Cluster) {
+			t.Error("a's Shutdown went on without hearing b take the lease")
+		}
+		if evs := a.events.all(); evs[len(evs)-1].Kind != cluster.EventLeaseReleased {
+			t.Errorf("a's last event is %v; want lease-released", evs[len(evs)-1].Kind)
 		}
 
 		start := time.Now()
