@@ -147,3 +147,50 @@ func BenchmarkAdvanceTip(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFence measures what Fence adds to a transaction against a plain
+// read of the same lease row in its place (begin, the read or Fence,
+// rollback), on every dialect whose DSN is set:
+//
+//	go test -run '^$' -bench BenchmarkFence -benchtime 2000x .
+func BenchmarkFence(b *testing.B) {
+	for _, d := range testdb.Dialects {
+		b.Run(string(d), func(b *testing.B) {
+			tg := testdb.New(b, d)
+			ctx := context.Background()
+			db := tg.Open(b)
+			cfg := tg.Config(b, db, "bench")
+			cfg.Logger = nil
+			cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 30*time.Second, time.Second, 25*time.Second
+			c, err := cluster.New(ctx, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Shutdown(ctx)
+			read := "SELECT fencing_token FROM " + tg.Prefix + "lease WHERE name = ?"
+			if d == cluster.Postgres {
+				read = "SELECT fencing_token FROM " + tg.Prefix + "lease WHERE name = $1"
+			}
+			for _, form := range []string{"read", "fence"} {
+				b.Run(form, func(b *testing.B) {
+					for b.Loop() {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if form == "fence" {
+							_, err = c.Fence(ctx, tx)
+						} else {
+							var token int64
+							err = tx.QueryRowContext(ctx, read, cluster.DefaultLeaseName).Scan(&token)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						tx.Rollback()
+					}
+				})
+			}
+		})
+	}
+}

@@ -67,9 +67,10 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members   MemberStore   // nil when the provider keeps no membership
-	wake      chan struct{} // a release was heard: try now
-	succeeded chan struct{} // another node was heard taking the lease (Shutdown waits for it)
+	members   MemberStore    // nil when the provider keeps no membership
+	wake      chan struct{}  // a release was heard: try now
+	fenceStmt *preparedFence // Fence's read, prepared; nil when not (fence.go)
+	succeeded chan struct{}  // another node was heard taking the lease (Shutdown waits for it)
 	// heardSuccessor is set when Shutdown heard another node take the
 	// lease it released (for the tests).
 	heardSuccessor atomic.Bool
@@ -251,6 +252,9 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
 		}
 	}
+	if p, ok := c.provider.(*DBProvider); ok {
+		c.fenceStmt = p.prepareFence(ctx, cfg.LeaseTTL)
+	}
 	c.events = newDispatcher(c.log)
 	c.events.subscribe(cfg.OnTransition)
 	if created != nil {
@@ -263,6 +267,9 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.cancelListen = cancelListen
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
+		if c.fenceStmt != nil {
+			c.fenceStmt.stmt.Close()
+		}
 		cancel()
 		cancelListen()
 		c.leave(ctx)
@@ -568,6 +575,10 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	}
 	c.stopKeeper(ctx) // releases this node's lanes (lanes.go)
 	c.leave(ctx)
+	if c.fenceStmt != nil {
+		// A transaction fenced meanwhile keeps its copy until it ends.
+		c.fenceStmt.stmt.Close()
+	}
 	c.events.close()
 	if !waitHandlers {
 		return err

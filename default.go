@@ -405,6 +405,11 @@ func DiscoveryHandler() http.Handler {
 // error wrapping [ErrStaleFencingToken] (and Init's error, after a failed
 // Init).
 func Fence(ctx context.Context, tx DBTX) (uint64, error) {
+	if s := std.state.Load(); s != nil {
+		if c := s.member(); c != nil {
+			return c.Fence(ctx, tx) // its prepared read, where it has one
+		}
+	}
 	return FenceWith(ctx, sqlQuerier{tx})
 }
 

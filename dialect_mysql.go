@@ -193,11 +193,11 @@ func (d *mySQL) idleTimeout(ttl time.Duration) string {
 // reads again. MySQL 8 has no such variable.
 func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
+	q := d.fenceQuery(ttl, limit)
 	if !d.mariadb {
-		err := r.scan(tx.QueryRow(ctx, d.bound(d.q.Fence, limit), name, ttl.Milliseconds()))
+		err := r.scan(tx.QueryRow(ctx, q, name, ttl.Milliseconds()))
 		return r, err
 	}
-	q := d.bound(strings.ReplaceAll(d.q.FenceMariaDB, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10)), limit)
 	err := r.scan(tx.QueryRow(ctx, q, name))
 	if !errors.Is(err, sql.ErrNoRows) {
 		return r, err
@@ -209,6 +209,14 @@ func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit t
 	}
 	err = r.scan(tx.QueryRow(ctx, q, name))
 	return r, err
+}
+
+// fenceQuery is the locked read fence sends, bounded by limit.
+func (d *mySQL) fenceQuery(ttl, limit time.Duration) string {
+	if !d.mariadb {
+		return d.bound(d.q.Fence, limit)
+	}
+	return d.bound(strings.ReplaceAll(d.q.FenceMariaDB, "{{seconds}}", strconv.FormatInt(idleSeconds(ttl), 10)), limit)
 }
 
 // idleSeconds is ttl in whole seconds, rounded up, at least 1: MariaDB's

@@ -83,11 +83,13 @@ func (d *sqlite) renew(ctx context.Context, conn Querier, l Lease, ttl time.Dura
 
 func (d *sqlite) bound(q string, _ time.Duration) string { return q }
 
-func (d *sqlite) fence(ctx context.Context, tx Querier, name string, ttl, _ time.Duration) (row, error) {
+func (d *sqlite) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
-	err := r.scan(tx.QueryRow(ctx, d.q.Fence, name, ttl.Milliseconds()))
+	err := r.scan(tx.QueryRow(ctx, d.fenceQuery(ttl, limit), name, ttl.Milliseconds()))
 	return r, err
 }
+
+func (d *sqlite) fenceQuery(time.Duration, time.Duration) string { return d.q.Fence }
 
 var sqliteGuard = regexp.MustCompile(`sqlfence (SF\d{3}):`)
 

@@ -43,6 +43,15 @@ func LocalWatchers(p *DBProvider, name string) int {
 // lease it released before it went on.
 func HeardSuccessor(c *Cluster) bool { return c.heardSuccessor.Load() }
 
+// FenceQuery returns the text of c's prepared fence read, "" when it has
+// none.
+func FenceQuery(c *Cluster) string {
+	if c.fenceStmt == nil {
+		return ""
+	}
+	return c.fenceStmt.query
+}
+
 // SetShutdownHandoffWait sets how long Shutdown waits to hear its
 // successor take the lease, until the test ends. Only for tests that do
 // not run in parallel.

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
+
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
@@ -294,6 +296,56 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// Fence in a transaction of a.db runs the read New prepared
+	// (server-side). MariaDB must decide its condition on the session's
+	// limit at each run, not when the statement was prepared: on a session
+	// without the limit the prepared read returns no row and locks nothing.
+	q := cluster.FenceQuery(a.Cluster)
+	if q == "" {
+		t.Fatal("New prepared no fence read")
+	}
+	stmt, err := conn.PrepareContext(ctx, q) // go-sql-driver/mysql prepares on the server, interpolateParams or not
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stmt.Close()
+	for _, limit := range []int{want, 0, want, 0} {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d, idle_write_transaction_timeout = 0, idle_readonly_transaction_timeout = 0", limit)); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var holder, instance, endpoint string
+		var token, expires, now int64
+		err = tx.StmtContext(ctx, stmt).QueryRowContext(ctx, "leader").Scan(&holder, &instance, &token, &expires, &endpoint, &now)
+		switch {
+		case limit > 0 && err != nil:
+			t.Errorf("the prepared read on a session with the limit (%ds): %v; want the lease row", limit, err)
+		case limit == 0 && !errors.Is(err, sql.ErrNoRows):
+			t.Errorf("the prepared read on a session without the limit: %v; want no row", err)
+		}
+		if l := locked(); l != (limit > 0) {
+			t.Errorf("idle limit %ds: the lease row is locked: %v after the prepared read; want %v", limit, l, limit > 0)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", want))
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := a.Fence(ctx, tx); err != nil {
+		t.Fatalf("Fence through the prepared read: %v", err)
+	}
+	if !locked() {
+		t.Error("the lease row is not locked after Fence through the prepared read")
+	}
 }
 
 // recordingTx is a cluster.Querier over tx that records the statements.
@@ -381,4 +433,87 @@ func refusedAcquireDoesNotWaitForFence(t *testing.T, tg testdb.Target) {
 	if took > time.Second {
 		t.Errorf("the refused attempt took %v: it waited for the fenced transaction", took)
 	}
+}
+
+// On SQLite and MySQL, Fence in a transaction of the node's *sql.DB runs
+// its read through a statement New prepared: on MySQL one round trip on a
+// connection that ran it before, where go-sql-driver/mysql otherwise
+// prepares, runs and closes it (two), unless the DSN interpolates. A
+// transaction of another *sql.DB on the same database is fenced all the
+// same, with the read's text.
+func TestFencePreparesItsReadOnce(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		if tg.Dialect == cluster.Postgres {
+			t.Skip("pgx caches PostgreSQL's prepared statements itself")
+		}
+		ctx := context.Background()
+		db := tg.Open(t)
+		if tg.Dialect == cluster.MySQL {
+			// Without interpolateParams, which would spare the text's
+			// prepare too.
+			cfg, err := mysqldrv.ParseDSN(tg.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.InterpolateParams = false
+			if db, err = sql.Open("mysql", cfg.FormatDSN()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+		}
+		db.SetMaxOpenConns(1) // every transaction on the same connection
+		a := startOn(t, tg, db, "a", slowRenew)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		if cluster.FenceQuery(a.Cluster) == "" {
+			t.Fatal("New prepared no fence read")
+		}
+		prepares := func(tx *sql.Tx) int {
+			t.Helper()
+			if tg.Dialect != cluster.MySQL {
+				return 0
+			}
+			var name string
+			var n int
+			if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		var first uint64
+		for i := range 3 {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := prepares(tx)
+			token, err := a.Fence(ctx, tx)
+			if err != nil {
+				t.Fatalf("Fence %d: %v", i+1, err)
+			}
+			if i == 0 {
+				first = token
+			} else if token != first {
+				t.Fatalf("Fence %d returned token %d, then %d", i+1, first, token)
+			}
+			if n := prepares(tx) - before; i > 0 && n != 0 {
+				t.Errorf("Fence %d prepared %d statements on a connection that fenced before; want none", i+1, n)
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		other := tg.Open(t)
+		tx, err := other.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if token, err := a.Fence(ctx, tx); err != nil || token != first {
+			t.Fatalf("Fence in a transaction of another *sql.DB = %d, %v; want %d, nil", token, err, first)
+		}
+	})
 }

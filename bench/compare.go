@@ -40,7 +40,7 @@ func compare(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	only := fs.String("only", "isleader,handoff,takeover,fence", "which measurements to run, comma-separated")
 	systems := fs.String("systems", "sqlite,postgres,mariadb,client-go,etcd", "systems for the handoff and takeover trials: sqlite, postgres, mariadb, pgx, client-go, etcd")
-	fenceSystems := fs.String("fence-systems", "sqlite,postgres,mariadb,mariadb+ip,pgx,pgx+begin", "targets of the fenced-transaction comparison (mariadb+ip: the MySQL DSN with interpolateParams=true; pgx+begin: the fenced form begun with clusterpgx.BeginFenced, one round trip for the BEGIN and the fence)")
+	fenceSystems := fs.String("fence-systems", "sqlite,sqlite/own-pool,postgres,mariadb,mariadb/own-pool,mariadb+ip,pgx,pgx+begin", "targets of the fenced-transaction comparison (mariadb+ip: the MySQL DSN with interpolateParams=true; pgx+begin: the fenced form begun with clusterpgx.BeginFenced, one round trip for the BEGIN and the fence; /own-pool: the application's transactions on a *sql.DB of their own rather than the member's, where Fence does not run the read New prepared)")
 	trials := fs.Int("trials", 30, "handoff and takeover trials per system")
 	ttl := fs.Duration("ttl", 2*time.Second, "LeaseTTL, client-go's LeaseDuration and etcd's session TTL (whole seconds)")
 	heartbeat := fs.Duration("heartbeat", 200*time.Millisecond, "HeartbeatInterval and client-go's RetryPeriod")

@@ -56,10 +56,14 @@ const (
 )
 
 // benchFence runs one leading member of this package on tg and measures
-// the application's transactions beside it, on a pool of their own.
+// the application's transactions beside it: through database/sql on the
+// *sql.DB the member was given (Config.DB), as an application that hands
+// the cluster its own pool does (then Fence runs its read through the
+// statement New prepared, on SQLite and MySQL); through pgx on a pgxpool of
+// their own.
 func benchFence(ctx context.Context, tg target, o fenceOptions, so sqlfenceOptions) (fenceResult, error) {
 	res := fenceResult{System: tg.name, Rounds: o.rounds, RoundMs: ms(o.round)}
-	so.members, so.conns, so.lease = 1, 2, "fence"
+	so.members, so.conns, so.lease = 1, 4, "fence"
 	sys, err := newSQLFence(tg, so)
 	if err != nil {
 		return res, err
@@ -95,7 +99,15 @@ func benchFence(ctx context.Context, tg target, o fenceOptions, so sqlfenceOptio
 	}
 	defer sys.admin.ExecContext(context.WithoutCancel(ctx), "DROP TABLE "+table)
 
-	ops, closeApp, err := txForms(ctx, tg, c, q)
+	db := sys.member(0).db.db
+	if tg.ownPool {
+		if db, err = sql.Open(tg.driver, tg.dsn); err != nil {
+			return res, err
+		}
+		db.SetMaxOpenConns(2)
+		defer db.Close()
+	}
+	ops, closeApp, err := txForms(ctx, tg, c, db, q)
 	if err != nil {
 		return res, err
 	}
@@ -153,9 +165,10 @@ type txQueries struct {
 	insert, read, lease string
 }
 
-// txForms returns the three forms of the transaction on the application's
-// own pool: database/sql, or a pgxpool fenced through clusterpgx.
-func txForms(ctx context.Context, tg target, c *cluster.Cluster, q txQueries) (ops [forms]func() error, closeApp func(), err error) {
+// txForms returns the three forms of the transaction: through database/sql
+// on db, the member's pool, or on a pgxpool of their own fenced through
+// clusterpgx.
+func txForms(ctx context.Context, tg target, c *cluster.Cluster, db *sql.DB, q txQueries) (ops [forms]func() error, closeApp func(), err error) {
 	if tg.pgx {
 		pool, err := pgxpool.New(ctx, tg.dsn)
 		if err != nil {
@@ -194,11 +207,6 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, q txQueries) (o
 		}
 		return ops, pool.Close, nil
 	}
-	db, err := sql.Open(tg.driver, tg.dsn)
-	if err != nil {
-		return ops, nil, err
-	}
-	db.SetMaxOpenConns(2)
 	for form := range forms {
 		ops[form] = func() error {
 			tx, err := db.BeginTx(ctx, nil)
@@ -222,5 +230,5 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, q txQueries) (o
 			return tx.Commit()
 		}
 	}
-	return ops, func() { db.Close() }, nil
+	return ops, func() {}, nil
 }

@@ -41,6 +41,11 @@ type target struct {
 	// clusterpgx.BeginFenced (the BEGIN and the fence in one round trip)
 	// rather than pool.Begin and clusterpgx.Fence.
 	beginFenced bool
+	// ownPool runs the application's database/sql transactions of the
+	// fenced-transaction comparison on a pool of their own, not on the
+	// member's (Config.DB): Fence then sends its read's text, as it does in
+	// a transaction of another *sql.DB ("/own-pool" after the name).
+	ownPool bool
 }
 
 // dsns are the databases of the run, from the flags.
@@ -55,6 +60,14 @@ func newPrefix() string {
 }
 
 func newTarget(name string, d dsns, prefix string) (target, error) {
+	if base, ok := strings.CutSuffix(name, "/own-pool"); ok {
+		tg, err := newTarget(base, d, prefix)
+		if tg.pgx {
+			return target{}, fmt.Errorf("system %q: /own-pool is for database/sql (pgx's transactions run on a pool of their own already)", name)
+		}
+		tg.name, tg.ownPool = name, true
+		return tg, err
+	}
 	switch name {
 	case "sqlite":
 		path := filepath.Join(d.sqliteDir, "bench.db")
