@@ -462,7 +462,6 @@ func TestFencePreparesItsReadOnce(t *testing.T) {
 			}
 			t.Cleanup(func() { db.Close() })
 		}
-		db.SetMaxOpenConns(1) // every transaction on the same connection
 		a := startOn(t, tg, db, "a", slowRenew)
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
@@ -470,6 +469,13 @@ func TestFencePreparesItsReadOnce(t *testing.T) {
 		if cluster.FenceQuery(a.Cluster) == "" {
 			t.Fatal("New prepared no fence read")
 		}
+		// Every transaction on one connection of db (a's renews take
+		// others).
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
 		prepares := func(tx *sql.Tx) int {
 			t.Helper()
 			if tg.Dialect != cluster.MySQL {
@@ -484,7 +490,7 @@ func TestFencePreparesItsReadOnce(t *testing.T) {
 		}
 		var first uint64
 		for i := range 3 {
-			tx, err := db.BeginTx(ctx, nil)
+			tx, err := conn.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
