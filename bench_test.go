@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -94,6 +95,16 @@ func (p *rwmutexPeer) IsLeader() bool {
 	return p.leader == p.self && time.Now().Before(p.until)
 }
 
+// benchConfig is the configuration of a benchmark's one leading node on
+// db: no logger, and long timings, as on SQLite a loop of write
+// transactions can starve the renew (see the README).
+func benchConfig(b *testing.B, tg testdb.Target, db *sql.DB) cluster.Config {
+	cfg := tg.Config(b, db, "bench")
+	cfg.Logger = nil
+	cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 30*time.Second, time.Second, 25*time.Second
+	return cfg
+}
+
 // BenchmarkAdvanceTip measures a fenced transaction that advances a chain
 // tip (begin, Fence, AdvanceTip, commit), without and with a witness file,
 // whose cost is one more tip read and an fsynced file write per call. It
@@ -109,11 +120,7 @@ func BenchmarkAdvanceTip(b *testing.B) {
 				tg := testdb.New(b, d)
 				ctx := context.Background()
 				db := tg.Open(b)
-				cfg := tg.Config(b, db, "bench")
-				cfg.Logger = nil
-				// Long timings: on SQLite a loop of write transactions can
-				// starve the renew (see the README).
-				cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 30*time.Second, time.Second, 25*time.Second
+				cfg := benchConfig(b, tg, db)
 				cfg.Chains = []cluster.Chain{{Name: "audit", Table: tg.Prefix + "audit"}}
 				if witness {
 					cfg.WitnessFile = filepath.Join(b.TempDir(), "witness.json")
@@ -159,10 +166,7 @@ func BenchmarkFence(b *testing.B) {
 			tg := testdb.New(b, d)
 			ctx := context.Background()
 			db := tg.Open(b)
-			cfg := tg.Config(b, db, "bench")
-			cfg.Logger = nil
-			cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 30*time.Second, time.Second, 25*time.Second
-			c, err := cluster.New(ctx, cfg)
+			c, err := cluster.New(ctx, benchConfig(b, tg, db))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -371,13 +371,18 @@ func (c *Cluster) quiesce(t *term) {
 
 // release expires term l in the store, bounded by one heartbeat.
 func (c *Cluster) release(ctx context.Context, l Lease) error {
-	// Not cancelled by Shutdown: a term this node ended must be released
-	// even when Shutdown (from a handler of the ending, say) stops the
-	// heartbeat meanwhile; the release is bounded by one heartbeat.
+	return c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
+}
+
+// releaseBy runs release, a release of this node's term, and records it.
+// Not cancelled by Shutdown: a term this node ended must be released even
+// when Shutdown (from a handler of the ending, say) stops the heartbeat
+// meanwhile; the release is bounded by one heartbeat.
+func (c *Cluster) releaseBy(ctx context.Context, release func(context.Context) error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
 	defer cancel()
 	start := mono()
-	err := c.provider.Release(rctx, l)
+	err := release(rctx)
 	c.record(OpRelease, start, err)
 	return err
 }
@@ -401,12 +406,12 @@ func (c *Cluster) releaseToSuccessor(ctx context.Context, l Lease) (bool, error)
 	case <-c.succeeded: // a grant heard before this term ended
 	default:
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
-	defer cancel()
-	start := mono()
-	named, woke, err := p.releaseTerm(rctx, l)
-	c.record(OpRelease, start, err)
-	return err == nil && (woke || named && c.hearing.Load()), err
+	var r released
+	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
+		r, err = p.releaseTerm(rctx, l)
+		return err
+	})
+	return err == nil && (r.woke || r.successor != "" && c.hearing.Load()), err
 }
 
 // awaitSuccessor waits, for at most shutdownHandoffWait or one

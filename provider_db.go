@@ -415,17 +415,15 @@ func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
 
 // Release implements [Provider]. It wakes the followers that listen.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	_, err := p.release(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
+	_, err := p.releaseTerm(ctx, l)
 	return err
 }
 
-// releaseTerm is Release, also reporting what the release expects: named,
-// that it named a successor among the members the database saw lately (it
-// notified other processes); woke, that it woke a node of this process.
-func (p *DBProvider) releaseTerm(ctx context.Context, l Lease) (named, woke bool, err error) {
-	var r released
-	r, err = p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
-	return r.successor != "", r.woke, err
+// releaseTerm is Release, also reporting the successor the release named
+// among the members the database saw lately (it notified other processes)
+// and whether it woke a node of this process.
+func (p *DBProvider) releaseTerm(ctx context.Context, l Lease) (released, error) {
+	return p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 }
 
 // ReleaseInstance implements [InstanceReleaser].
