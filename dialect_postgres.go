@@ -23,9 +23,6 @@ type postgres struct {
 		Warm          string `sql:"warm"`           // (none)
 		Pass          string `sql:"pass"`           // name
 		Poll          string `sql:"poll"`           // name, instance
-		// NotifyReleased is the shared end of the release statements,
-		// put in for {{notify_released}} when the dialect is made.
-		NotifyReleased string `sql:"notify_released"` // (a fragment)
 		pgLaneQueries
 	}
 }
@@ -37,12 +34,6 @@ func newPostgres(prefix string) dialect {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", newInstanceID()).Replace(d.q.Warm)
-	for _, q := range []*string{&d.q.Release, &d.q.ReleaseInstance, &d.q.LeaseExpire} {
-		if !strings.Contains(*q, "{{notify_released}}") {
-			panic("cluster: schema/postgres_queries.sql: a release statement lacks {{notify_released}}") // a build defect
-		}
-		*q = strings.ReplaceAll(*q, "{{notify_released}}", d.q.NotifyReleased)
-	}
 	return d
 }
 

@@ -104,7 +104,7 @@ func TestPollingFollowerReadsBeforeItAttempts(t *testing.T) {
 		for _, q := range sent {
 			switch {
 			case isWarmUp(q): // a warm-up, after the first refusal
-			case strings.Contains(q, "INSERT INTO "+tg.Prefix+"lease"):
+			case strings.Contains(q, "INSERT INTO "+tg.Prefix+"lease"), strings.Contains(q, tg.Prefix+"acquire("):
 				attempts++
 			case strings.Contains(q, "FROM "+tg.Prefix+"lease l, clock c") && strings.Contains(q, "UPDATE "+tg.Prefix+"nodes"):
 				polls++

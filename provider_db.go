@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.

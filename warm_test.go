@@ -120,3 +120,69 @@ func TestFailedWarmUpPauses(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "b to lead", b.IsLeader)
 }
+
+// On PostgreSQL the statements a handoff waits for (the follower's grant,
+// the leader's release) are functions of the schema that plan their
+// statements once per database session: a statement sent with parameters
+// is planned again at each of its first five runs in a session, which for
+// these cost ten times running them, and a node runs them rarely. The
+// functions also keep the guards' search_path (the schema, then pg_temp),
+// so a session's temporary table cannot stand in for the lease table.
+func TestLeaseFunctionsPlanOncePerSession(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	a := start(t, tg, "a")
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+	db := tg.Open(t)
+	ctx := context.Background()
+	var schema string
+	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, fn := range []string{"acquire", "release"} {
+		var config []string
+		rows, err := db.QueryContext(ctx, "SELECT unnest(proconfig) FROM pg_proc WHERE proname = $1 AND pronamespace = current_schema()::regnamespace", tg.Prefix+fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var s string
+			rows.Scan(&s)
+			config = append(config, s)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		got := strings.Join(config, "; ")
+		for _, want := range []string{"plan_cache_mode=force_generic_plan", "search_path=" + schema + ", pg_temp"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("function %s%s is set %q; want %q among its settings", tg.Prefix, fn, got, want)
+			}
+		}
+	}
+
+	// A temporary table named like the lease table, in the session that
+	// runs the release, does not hide the real one from it.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "CREATE TEMPORARY TABLE "+tg.Prefix+"lease (LIKE "+schema+"."+tg.Prefix+"lease)"); err != nil {
+		t.Fatal(err)
+	}
+	var name, holder, held string
+	var token int64
+	if err := db.QueryRowContext(ctx, "SELECT name, holder, instance, fencing_token FROM "+tg.Prefix+"lease").Scan(&name, &holder, &held, &token); err != nil {
+		t.Fatal(err)
+	}
+	var instance, successor string
+	if err := conn.QueryRowContext(ctx, "SELECT instance, successor FROM "+tg.Prefix+"release($1, $2, $3, $4)",
+		name, holder, held, token).Scan(&instance, &successor); err != nil {
+		t.Fatalf("release through a session with a temporary lease table: %v", err)
+	}
+	if instance != held {
+		t.Fatalf("the release ended the term of %q; want a's %q", instance, held)
+	}
+}

@@ -362,7 +362,7 @@ func TestFollowerTriesOnceListening(t *testing.T) {
 type releaseTracer struct{ n atomic.Int64 }
 
 func (c *releaseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "l.fencing_token = $4") && strings.Contains(d.SQL, "pg_notify") {
+	if strings.Contains(d.SQL, "release($1, $2, $3, $4)") {
 		c.n.Add(1)
 	}
 	return ctx

@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later, version 3.
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 4.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default
 -- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
@@ -407,3 +407,160 @@ DROP TRIGGER IF EXISTS {{prefix}}config_truncate ON {{prefix}}config;
 CREATE TRIGGER {{prefix}}config_truncate
     BEFORE TRUNCATE ON {{prefix}}config
     FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}config_guard();
+
+-- The lease statements a handoff waits for: a follower's acquisition and
+-- the leader's release. They are functions so that PostgreSQL plans their
+-- statements once per database session (plan_cache_mode =
+-- force_generic_plan, for the function's own statements and the triggers
+-- they fire, as a SET clause restores the session's own setting when the
+-- function returns). A statement sent with parameters is planned again at
+-- each of its first five runs in a session (a "custom plan", 0.2 to 0.5 ms
+-- for these, ten times what running them costs) and a node runs them
+-- rarely: a follower that hears releases attempts when the lease is free,
+-- a leader releases once a term. Planned once, a session's later runs skip
+-- planning; the followers' warm-up (query "warm") and the leader's first
+-- renew of a term (a release of token 0) run them once ahead, so the
+-- handoff itself does not plan. They run with the caller's rights and the
+-- pinned search_path of the guards; EXECUTE is PUBLIC's by default.
+-- CREATE OR REPLACE cannot change what a function returns: a later version
+-- that does drops it first.
+
+-- Grants a new term if the lease is free or expired, else reports the
+-- holder: granted, holder, instance, token, expires, endpoint, now, and
+-- whether this database session ran the warm-up (query "warm"). An attempt
+-- on a lease that the statement's snapshot shows unexpired is refused on
+-- that read alone: INSERT ... ON CONFLICT DO UPDATE would lock the row even
+-- when its WHERE refuses the update (and fire the insert triggers first),
+-- so every follower's attempt would wait for the leader's fenced
+-- transactions and queue its renews. A release that commits after the
+-- snapshot was taken is missed, as if the attempt had come just before it;
+-- a follower woken by its NOTIFY starts after that commit and sees it.
+-- A refused attempt commits without waiting for its WAL flush
+-- (synchronous_commit off for its own transaction): its one write is the
+-- membership heartbeat, which a server crash may lose at no cost, and
+-- followers' attempts are most of a large cluster's statements (a fifth
+-- less server CPU each, with pgbench). A grant waits for the flush, as
+-- ever: the CASE sets nothing when the statement granted, and a grant
+-- puts the setting back on for its transaction if it is off (a refused
+-- attempt earlier in the same transaction, on a Pool whose connections
+-- are transactions, would otherwise have turned it off for the grant too).
+-- A grant tells the listeners too (NOTIFY on channel {{prefix}}lease,
+-- delivered when it commits, after the release it follows): the lease name,
+-- a tab and the new holder's instance. A follower still waiting out
+-- successorLead need not try, and the node that released, which waits for
+-- its successor before it closes its connections (Shutdown), can go on.
+-- Nodes of versions that do not know it ignore it (no newline: not a name
+-- they listen for). The warm-up's grants notify nothing: they are rolled
+-- back.
+CREATE OR REPLACE FUNCTION {{prefix}}acquire(p_holder TEXT, p_instance TEXT, p_ttl_ms BIGINT, p_endpoint TEXT, p_name TEXT)
+RETURNS TABLE (granted BOOLEAN, holder TEXT, instance TEXT, fencing_token BIGINT,
+               expires_at BIGINT, endpoint TEXT, now_ms BIGINT, warm BOOLEAN)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $acquire$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH clock AS (
+        SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+               COALESCE(current_setting('sqlfence.{{prefix}}warm', true), '') = '1' AS warm
+    ), seen AS (
+        -- The attempt is also this node's membership heartbeat: no extra
+        -- statement.
+        UPDATE {{prefix}}nodes SET last_seen = (SELECT now_ms FROM clock)
+        WHERE scope = p_name AND instance = p_instance AND status = 'active'
+    ), granted AS (
+        INSERT INTO {{prefix}}lease AS l
+            (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
+        SELECT p_name, p_holder, p_instance,
+               COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || p_name), 0) + 1,
+               now_ms, now_ms, now_ms + p_ttl_ms, p_endpoint
+        FROM clock
+        WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}lease WHERE name = p_name AND expires_at > clock.now_ms)
+        ON CONFLICT (name) DO UPDATE SET
+            holder        = excluded.holder,
+            instance      = excluded.instance,
+            fencing_token = l.fencing_token + 1,
+            acquired_at   = excluded.acquired_at,
+            renewed_at    = excluded.renewed_at,
+            expires_at    = excluded.expires_at,
+            endpoint      = excluded.endpoint
+        WHERE l.expires_at <= excluded.acquired_at
+        RETURNING l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint
+    )
+    SELECT true, g.holder, g.instance, g.fencing_token, g.expires_at, g.endpoint, c.now_ms, c.warm
+    FROM granted g, clock c,
+         LATERAL (SELECT pg_notify('{{prefix}}lease', p_name || E'\t' || g.instance) AS told) n
+    WHERE current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL
+    UNION ALL
+    SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms, c.warm
+    FROM {{prefix}}lease l, clock c
+    WHERE l.name = p_name AND NOT EXISTS (SELECT 1 FROM granted)
+      AND CASE WHEN EXISTS (SELECT 1 FROM granted) THEN true
+               ELSE set_config('synchronous_commit', 'off', true) IS NOT NULL END    ;
+END
+$acquire$;
+
+-- Ends a term: p_name's, when it is held by p_holder's p_instance under
+-- p_token (a NULL matches any: release_instance passes no token, an
+-- operator's lease_expire no holder either). It tells the listening
+-- followers at once (NOTIFY on channel {{prefix}}lease; delivered when the
+-- transaction commits, in the order sent) and names its successor, the
+-- member that has run longest of those seen within two TTLs (a listening
+-- follower tries at least once a TTL; a member that crashed without
+-- leaving stays active, unseen), as its database sessions are the
+-- likeliest to be warm (a member just started is not yet). The first
+-- payload is the lease name, then a newline and the successor's instance;
+-- the second is the lease name alone, for nodes of versions that do not
+-- know the first (PostgreSQL sends one when there is no successor, the two
+-- being the same). The successor tries at once, or passes the turn when it
+-- cannot lead, and the others a few milliseconds later, so that they do
+-- not queue on the row behind it (wake.go). Returns the instance that held
+-- the term and the successor ('' for none): one row when a term ended,
+-- none otherwise. A node's own release commits without waiting for its WAL
+-- to reach the disk (synchronous_commit off for this transaction only),
+-- which takes a flush off every handoff: a release lost in a server crash
+-- leaves the lease held until it expires, as if it had never been asked
+-- for, and the next grant's flush, later in the WAL, makes the release
+-- durable first. An operator's (no holder) waits for the flush.
+CREATE OR REPLACE FUNCTION {{prefix}}release(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT)
+RETURNS TABLE (instance TEXT, successor TEXT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $release$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH clock AS (
+        SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+               CASE WHEN p_holder IS NULL THEN NULL
+                    ELSE set_config('synchronous_commit', 'off', true) END AS async
+    ), released AS (
+        UPDATE {{prefix}}lease AS l
+        SET renewed_at = c.now_ms, expires_at = c.now_ms
+        FROM clock c
+        WHERE l.name = p_name
+          AND (p_holder IS NULL OR l.holder = p_holder)
+          AND (p_instance IS NULL OR l.instance = p_instance)
+          AND (p_token IS NULL OR l.fencing_token = p_token)
+          AND l.expires_at > c.now_ms
+        RETURNING l.name, l.instance
+    ), term AS (
+        -- The TTL of the term that ends (read before the update, as every
+        -- part of one statement sees the same snapshot).
+        SELECT l.expires_at - l.renewed_at AS ttl_ms FROM {{prefix}}lease l WHERE l.name = p_name
+    ), successor AS (
+        SELECT COALESCE((
+            SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
+            WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
+              AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
+            ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
+    )
+    SELECT r.instance, s.instance
+    FROM released r, successor s,
+         LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
+                         pg_notify('{{prefix}}lease', r.name) AS bare) told;
+END
+$release$;

@@ -10,68 +10,11 @@
 -- args: holder, instance, ttl ms, endpoint, name.
 -- Grants a new term if the lease is free or expired, else reports the
 -- holder: granted, holder, instance, token, expires, endpoint, now, and
--- whether this database session ran the warm-up below. An attempt on a
--- lease that the statement's snapshot shows unexpired is refused on that
--- read alone: INSERT ... ON CONFLICT DO UPDATE would lock the row even
--- when its WHERE refuses the update (and fire the insert triggers first),
--- so every follower's attempt would wait for the leader's fenced
--- transactions and queue its renews. A release that commits after the
--- snapshot was taken is missed, as if the attempt had come just before it;
--- a follower woken by its NOTIFY starts after that commit and sees it.
--- A refused attempt commits without waiting for its WAL flush
--- (synchronous_commit off for its own transaction): its one write is the
--- membership heartbeat, which a server crash may lose at no cost, and
--- followers' attempts are most of a large cluster's statements (a fifth
--- less server CPU each, with pgbench). A grant waits for the flush, as
--- ever: the CASE sets nothing when the statement granted, and a grant
--- puts the setting back on for its transaction if it is off (a refused
--- attempt earlier in the same transaction, on a Pool whose connections
--- are transactions, would otherwise have turned it off for the grant too).
--- A grant tells the listeners too (NOTIFY on channel {{prefix}}lease,
--- delivered when it commits, after the release it follows): the lease name,
--- a tab and the new holder's instance. A follower still waiting out
--- successorLead need not try, and the node that released, which waits for
--- its successor before it closes its connections (Shutdown), can go on.
--- Nodes of versions that do not know it ignore it (no newline: not a name
--- they listen for). The warm-up's grants notify nothing: they are rolled
--- back.
-WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
-           COALESCE(current_setting('sqlfence.{{prefix}}warm', true), '') = '1' AS warm
-), seen AS (
-    -- The attempt is also this node's membership heartbeat: no extra
-    -- statement.
-    UPDATE {{prefix}}nodes SET last_seen = (SELECT now_ms FROM clock)
-    WHERE scope = $5 AND instance = $2 AND status = 'active'
-), granted AS (
-    INSERT INTO {{prefix}}lease AS l
-        (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint)
-    SELECT $5, $1, $2,
-           COALESCE((SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || $5), 0) + 1,
-           now_ms, now_ms, now_ms + $3::bigint, $4
-    FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}lease WHERE name = $5 AND expires_at > clock.now_ms)
-    ON CONFLICT (name) DO UPDATE SET
-        holder        = excluded.holder,
-        instance      = excluded.instance,
-        fencing_token = l.fencing_token + 1,
-        acquired_at   = excluded.acquired_at,
-        renewed_at    = excluded.renewed_at,
-        expires_at    = excluded.expires_at,
-        endpoint      = excluded.endpoint
-    WHERE l.expires_at <= excluded.acquired_at
-    RETURNING l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint
-)
-SELECT true, g.holder, g.instance, g.fencing_token, g.expires_at, g.endpoint, c.now_ms, c.warm
-FROM granted g, clock c,
-     LATERAL (SELECT pg_notify('{{prefix}}lease', $5 || E'\t' || g.instance) AS told) n
-WHERE current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL
-UNION ALL
-SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms, c.warm
-FROM {{prefix}}lease l, clock c
-WHERE l.name = $5 AND NOT EXISTS (SELECT 1 FROM granted)
-  AND CASE WHEN EXISTS (SELECT 1 FROM granted) THEN true
-           ELSE set_config('synchronous_commit', 'off', true) IS NOT NULL END;
+-- whether this database session ran the warm-up below. The statement is
+-- the function {{prefix}}acquire of the schema (schema/postgres.sql), which
+-- says what it does and why it is a function.
+SELECT granted, holder, instance, fencing_token, expires_at, endpoint, now_ms, warm
+FROM {{prefix}}acquire($1, $2, $3, $4, $5);
 
 -- name: poll
 -- args: name, instance. A follower's routine attempt, when the lease was
@@ -99,7 +42,8 @@ WHERE l.name = $1;
 -- later one (bench/pgbench/firstgrant.sh): it compiles the trigger
 -- functions a grant fires (lease_guard's update path, lease_mark,
 -- high_water_guard) and plans their statements, which a refused attempt
--- never reaches. That grant is the handoff everyone waits for, so
+-- never reaches, and plans the grant path of the acquire function, which
+-- then keeps that plan for the session. That grant is the handoff everyone waits for, so
 -- the follower pays it beforehand: the real acquire query grants a scratch
 -- lease twice (inserted, then granted again over its expired term) inside
 -- a subtransaction that is rolled back, so nothing is left, no fencing
@@ -143,36 +87,12 @@ WHERE l.name = $2 AND l.holder = $3 AND l.instance = $4 AND l.fencing_token = $5
 RETURNING l.expires_at;
 
 -- name: release
--- args: name, holder, instance, token. A release that ends a term tells
--- the listening followers at once (NOTIFY on channel {{prefix}}lease;
--- delivered when the statement commits, in the order sent) and names its
--- successor, the member that has run longest of those seen within two
--- TTLs (a listening follower tries at least once a TTL; a member that
--- crashed without leaving stays active, unseen), as its database sessions
--- are the likeliest to be warm (a member just started is not yet). The
--- first payload is the lease name, then a newline and the successor's
--- instance; the second is the lease name alone, for nodes of versions that
--- do not know the first (PostgreSQL sends one when there is no successor,
--- the two being the same). The successor tries at once, or passes the
--- turn when it cannot lead, and the others a few milliseconds later, so
--- that they do not queue on the row behind it (wake.go). Returns the instance that held the term and the successor
--- ('' for none): one row when a term ended, none otherwise.
--- It commits without waiting for its WAL to reach the disk
--- (synchronous_commit off for this transaction only), which takes a
--- flush off every handoff: a release lost in a server crash leaves the
--- lease held until it expires, as if it had never been asked for, and the
--- next grant's flush, later in the WAL, makes the release durable first.
-WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
-           set_config('synchronous_commit', 'off', true) AS async
-), released AS (
-    UPDATE {{prefix}}lease AS l
-    SET renewed_at = c.now_ms, expires_at = c.now_ms
-    FROM clock c
-    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4
-      AND l.expires_at > c.now_ms
-    RETURNING l.name, l.instance
-{{notify_released}};
+-- args: name, holder, instance, token. Ends the term, tells the listening
+-- followers and names a successor: the function {{prefix}}release of the
+-- schema (schema/postgres.sql). Returns the instance that held the term
+-- and the successor ('' for none): one row when a term ended, none
+-- otherwise.
+SELECT instance, successor FROM {{prefix}}release($1, $2, $3, $4);
 
 -- name: pass
 -- args: name. Sent by the successor a release named when it cannot take
@@ -180,41 +100,10 @@ WITH clock AS (
 -- alone, which wakes every listener at once.
 SELECT pg_notify('{{prefix}}lease', $1);
 
--- name: notify_released
--- (a fragment; {{notify_released}} in release, release_instance and
--- lease_expire.) It continues their WITH after the CTE "released", which
--- returns the ended term's name and instance, and "clock": it names the
--- successor, notifies the listeners and returns what release documents.
-), term AS (
-    -- The TTL of the term that ends (read before the update, as every
-    -- part of one statement sees the same snapshot).
-    SELECT expires_at - renewed_at AS ttl_ms FROM {{prefix}}lease WHERE name = $1
-), successor AS (
-    SELECT COALESCE((
-        SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
-        WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-          AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
-        ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
-)
-SELECT r.instance, s.instance
-FROM released r, successor s,
-     LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
-                     pg_notify('{{prefix}}lease', r.name) AS bare) told;
-
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
 -- committing, notifying and returning as release does.
-WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
-           set_config('synchronous_commit', 'off', true) AS async
-), released AS (
-    UPDATE {{prefix}}lease AS l
-    SET renewed_at = c.now_ms, expires_at = c.now_ms
-    FROM clock c
-    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3
-      AND l.expires_at > c.now_ms
-    RETURNING l.name, l.instance
-{{notify_released}};
+SELECT instance, successor FROM {{prefix}}release($1, $2, $3, NULL);
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -344,15 +233,9 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 -- name: lease_expire
 -- args: name. An operator ends the current term at once (clusterctl
 -- release -force); the token is kept; the followers are told, and the
--- successor returned, as by release (never the holder itself).
-WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-), released AS (
-    UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
-    FROM clock c
-    WHERE l.name = $1 AND l.expires_at > c.now_ms
-    RETURNING l.name, l.instance
-{{notify_released}};
+-- successor returned, as by release (never the holder itself). Unlike a
+-- node's release it waits for its WAL flush.
+SELECT instance, successor FROM {{prefix}}release($1, NULL, NULL, NULL);
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
