@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -71,6 +72,9 @@ var (
 // first write, and the stale write then fails with SQLITE_BUSY rather than
 // ErrStaleFencingToken (it still fails).
 func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
+	if isNil(tx) {
+		return 0, errNilTx("Fence")
+	}
 	if f := c.fenceStmt; f != nil {
 		if t, ok := tx.(*sql.Tx); ok {
 			return c.FenceWith(ctx, preparedQuerier{sqlQuerier{tx}, t, f})
@@ -158,6 +162,9 @@ func (r preparedRow) Scan(dest ...any) error {
 // FenceWith is [Cluster.Fence] for a transaction of any driver, through a
 // [Querier] (clusterpgx.Fence uses it for a pgx.Tx).
 func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
+	if isNil(tx) {
+		return 0, errNilTx("Fence")
+	}
 	if c.fencer == nil {
 		return 0, c.errNoCapability("Fence", "Fencer")
 	}
@@ -172,6 +179,25 @@ func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 		return 0, err
 	}
 	return t.lease.FencingToken, nil
+}
+
+// errNilTx reports a call given no transaction (a nil one, or a nil
+// pointer of a type that would be one).
+func errNilTx(call string) error {
+	return fmt.Errorf("%w: %s needs the transaction to work in; it was given nil", ErrInvalidConfig, call)
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// function or channel: a value whose methods would dereference nil.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // errNoCapability reports a call that needs a capability the provider

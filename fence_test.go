@@ -87,6 +87,54 @@ func TestFenceFollowerAndShutdown(t *testing.T) {
 	})
 }
 
+// A nil transaction, or a nil pointer of a type that would be one, is an
+// error that names the call, not a panic, for every call that works in the
+// caller's transaction.
+func TestNilTransactionIsAnError(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		if _, err := tg.Open(t).ExecContext(ctx, "CREATE TABLE "+tg.Prefix+"audit (monotonic_counter BIGINT PRIMARY KEY, row_hash VARCHAR(64) NOT NULL)"); err != nil {
+			t.Fatal(err)
+		}
+		a := start(t, tg, "a", func(c *cluster.Config) {
+			c.Chains = []cluster.Chain{{Name: "audit", Table: tg.Prefix + "audit"}}
+		})
+		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+		calls := map[string]func(tx cluster.DBTX) error{
+			"Fence":      func(tx cluster.DBTX) error { _, err := a.Fence(ctx, tx); return err },
+			"ClaimLane":  func(tx cluster.DBTX) error { _, err := a.ClaimLane(ctx, tx, "orders-1"); return err },
+			"AdvanceTip": func(tx cluster.DBTX) error { return a.AdvanceTip(ctx, tx, "audit", 1, []byte{1}) },
+		}
+		for name, call := range calls {
+			for _, tx := range []cluster.DBTX{nil, (*sql.Tx)(nil), (*sql.Conn)(nil)} {
+				func() {
+					defer func() {
+						if r := recover(); r != nil {
+							t.Fatalf("%s(%T) panics: %v", name, tx, r)
+						}
+					}()
+					if err := call(tx); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), name+" needs the transaction") {
+						t.Errorf("%s(%T) = %v; want ErrInvalidConfig naming the call", name, tx, err)
+					}
+				}()
+			}
+		}
+		for name, err := range map[string]error{
+			"FenceWith":      func() error { _, err := a.FenceWith(ctx, nil); return err }(),
+			"ClaimLaneWith":  func() error { _, err := a.ClaimLaneWith(ctx, nil, "orders-1"); return err }(),
+			"AdvanceTipWith": a.AdvanceTipWith(ctx, nil, "audit", 1, []byte{1}),
+		} {
+			if !errors.Is(err, cluster.ErrInvalidConfig) {
+				t.Errorf("%s(nil) = %v; want ErrInvalidConfig", name, err)
+			}
+		}
+		if !a.IsLeader() {
+			t.Fatal("a no longer leads after the calls with no transaction")
+		}
+	})
+}
+
 func TestFenceNeedsDatabaseProvider(t *testing.T) {
 	t.Parallel()
 	c := startFake(t, &fakeProvider{})

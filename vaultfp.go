@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
-	"reflect"
 	"time"
 
 	"github.com/cloudflare/circl/kem"
@@ -120,17 +119,7 @@ func appendLengthPrefixed[T string | []byte](dst []byte, b T) []byte {
 
 // isNilKey reports whether k is nil or holds a nil pointer, which would
 // panic in Scheme or MarshalBinary.
-func isNilKey(k kem.PublicKey) bool {
-	if k == nil {
-		return true
-	}
-	v := reflect.ValueOf(k)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func:
-		return v.IsNil()
-	}
-	return false
-}
+func isNilKey(k kem.PublicKey) bool { return isNil(k) }
 
 // checkVaultKeys compares this node's vault-key fingerprint with the one
 // the cluster recorded, recording it first if this node boots first. With

@@ -3,6 +3,7 @@ package clusterpgx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -234,4 +235,53 @@ func TestBeginFencedWithoutInit(t *testing.T) {
 func isLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// A nil pool or transaction, typed or not, is an error naming the call,
+// not a panic; a nil Cluster is the default instance (without Init:
+// nothing to fence, token 0).
+func TestNilArgumentsAreErrors(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	pool := newPool(t, tg, 0)
+	a := node(t, tg, newPool(t, tg, 0), "a", nil)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	try := func(name string, call func() error) {
+		t.Helper()
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("%s panics: %v", name, r)
+			}
+		}()
+		if err := call(); !errors.Is(err, cluster.ErrInvalidConfig) {
+			t.Errorf("%s = %v; want ErrInvalidConfig", name, err)
+		}
+	}
+	try("BeginFenced on a nil *pgxpool.Pool", func() error {
+		_, _, err := clusterpgx.BeginFenced(ctx, a, (*pgxpool.Pool)(nil), pgx.TxOptions{})
+		return err
+	})
+	try("BeginFenced on a nil *pgx.Conn", func() error {
+		_, _, err := clusterpgx.BeginFenced(ctx, a, (*pgx.Conn)(nil), pgx.TxOptions{})
+		return err
+	})
+	for _, c := range []*cluster.Cluster{a, nil} {
+		try(fmt.Sprintf("Fence(%p, nil)", c), func() error { _, err := clusterpgx.Fence(ctx, c, nil); return err })
+		try(fmt.Sprintf("ClaimLane(%p, nil)", c), func() error { _, err := clusterpgx.ClaimLane(ctx, c, nil, "k"); return err })
+		try(fmt.Sprintf("AdvanceTip(%p, nil)", c), func() error { return clusterpgx.AdvanceTip(ctx, c, nil, "audit", 1, []byte{1}) })
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if token, err := clusterpgx.Fence(ctx, nil, tx); err != nil || token != 0 {
+		t.Errorf("Fence with a nil Cluster, without Init = %d, %v; want 0, nil", token, err)
+	}
+	if token, err := clusterpgx.Fence(ctx, a, tx); err != nil || token != a.FencingToken() {
+		t.Errorf("Fence by the leader = %d, %v; want %d, nil", token, err, a.FencingToken())
+	}
 }

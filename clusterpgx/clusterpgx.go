@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -49,9 +50,31 @@ func NewProviderWithPrefix(pool *pgxpool.Pool, tablePrefix string) (*cluster.DBP
 }
 
 // Fence fences tx, a transaction of pgx, with c; see [cluster.Cluster.Fence].
-// It returns the token of the term it verified, for the rows tx writes.
+// It returns the token of the term it verified, for the rows tx writes. A
+// nil c is the default instance (cluster.Init).
 func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
+	if isNil(tx) {
+		return 0, errNilTx("clusterpgx.Fence")
+	}
+	if c == nil {
+		return cluster.FenceWith(ctx, Querier(tx))
+	}
 	return c.FenceWith(ctx, Querier(tx))
+}
+
+// errNilTx reports a call given no transaction.
+func errNilTx(call string) error {
+	return fmt.Errorf("%w: %s needs the transaction to work in; it was given nil", cluster.ErrInvalidConfig, call)
+}
+
+// isNil reports whether v is nil or a nil pointer (a typed nil in an
+// interface), whose methods would dereference nil.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // A Batcher sends a batch of queries on one connection: *pgxpool.Pool,
@@ -95,8 +118,8 @@ var (
 //	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
 //	return tx.Commit(ctx)
 func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions pgx.TxOptions) (pgx.Tx, uint64, error) {
-	if db == nil {
-		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on", cluster.ErrInvalidConfig)
+	if isNil(db) {
+		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on; it was given %T(nil)", cluster.ErrInvalidConfig, db)
 	}
 	if _, ok := db.(pgx.Tx); ok {
 		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced begins a transaction and cannot begin one inside %T; use clusterpgx.Fence on it", cluster.ErrInvalidConfig, db)
@@ -201,14 +224,27 @@ func (r errRow) Scan(...any) error { return r.err }
 // ClaimLane claims lane key in tx, a transaction of pgx, with c, and
 // returns the lane's fencing token; see [cluster.Cluster.ClaimLane]. Call
 // it first in every transaction that works on the lane. With cluster.Init,
-// use cluster.ClaimLaneWith(ctx, clusterpgx.Querier(tx), key).
+// use cluster.ClaimLaneWith(ctx, clusterpgx.Querier(tx), key), or pass a
+// nil c.
 func ClaimLane(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, key string) (uint64, error) {
+	if isNil(tx) {
+		return 0, errNilTx("clusterpgx.ClaimLane")
+	}
+	if c == nil {
+		return cluster.ClaimLaneWith(ctx, Querier(tx), key)
+	}
 	return c.ClaimLaneWith(ctx, Querier(tx), key)
 }
 
 // AdvanceTip records a chain tip in tx, a transaction of pgx, with c; see
-// [cluster.Cluster.AdvanceTip].
+// [cluster.Cluster.AdvanceTip]. A nil c is the default instance.
 func AdvanceTip(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, chain string, counter uint64, rowHash []byte) error {
+	if isNil(tx) {
+		return errNilTx("clusterpgx.AdvanceTip")
+	}
+	if c == nil {
+		return cluster.AdvanceTipWith(ctx, Querier(tx), chain, counter, rowHash)
+	}
 	return c.AdvanceTipWith(ctx, Querier(tx), chain, counter, rowHash)
 }
 
