@@ -175,16 +175,23 @@ func BenchmarkFence(b *testing.B) {
 			if d == cluster.Postgres {
 				read = "SELECT fencing_token FROM " + tg.Prefix + "lease WHERE name = $1"
 			}
-			for _, form := range []string{"read", "fence"} {
+			// fence-deadline: in a context with a deadline, as a request's
+			// (one second: the read's time limit is then 512 ms).
+			for _, form := range []string{"read", "fence", "fence-deadline"} {
 				b.Run(form, func(b *testing.B) {
 					for b.Loop() {
 						tx, err := db.BeginTx(ctx, nil)
 						if err != nil {
 							b.Fatal(err)
 						}
-						if form == "fence" {
+						switch form {
+						case "fence":
 							_, err = c.Fence(ctx, tx)
-						} else {
+						case "fence-deadline":
+							fctx, cancel := context.WithTimeout(ctx, time.Second)
+							_, err = c.Fence(fctx, tx)
+							cancel()
+						default:
 							var token int64
 							err = tx.QueryRowContext(ctx, read, cluster.DefaultLeaseName).Scan(&token)
 						}

@@ -268,7 +268,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
 		if c.fenceStmt != nil {
-			c.fenceStmt.stmt.Close()
+			c.fenceStmt.close()
 		}
 		cancel()
 		cancelListen()
@@ -576,8 +576,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.stopKeeper(ctx) // releases this node's lanes (lanes.go)
 	c.leave(ctx)
 	if c.fenceStmt != nil {
-		// A transaction fenced meanwhile keeps its copy until it ends.
-		c.fenceStmt.stmt.Close()
+		c.fenceStmt.close()
 	}
 	c.events.close()
 	if !waitHandlers {

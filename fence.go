@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/bits"
 	"reflect"
 	"time"
 )
@@ -55,10 +56,12 @@ var (
 // no wait for the client is unbounded while it is held; none of its own
 // with pgx's clusterpgx.BeginFenced, which sends it with the BEGIN). On
 // SQLite and MySQL, in a transaction of the *sql.DB the Cluster was given
-// (Config.DB), the read runs through a statement New prepared (on MySQL
-// only when ctx has no deadline, which the read's time limit would
-// follow), which spares SQLite parsing it and go-sql-driver/mysql a
-// prepare round trip per call. While a fenced transaction is open the
+// (Config.DB), the read runs through a statement New prepared, which
+// spares SQLite parsing it and go-sql-driver/mysql a prepare round trip
+// per call. On MySQL the read's time limit follows ctx's deadline: nine
+// tenths of what is left, when that is under LeaseTTL, rounded down to a
+// power of two milliseconds (New prepares one statement per limit from 64
+// ms up; a fence with less time left sends the text). While a fenced transaction is open the
 // lease row cannot be renewed or acquired, so keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a
@@ -89,33 +92,82 @@ func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
 // cost on SQLite, and go-sql-driver/mysql prepares, runs and closes a
 // statement with arguments in two round trips unless the DSN sets
 // interpolateParams=true; prepared, it is one on every connection that ran
-// it before.
+// it before. On MySQL the read's text carries its time limit, which
+// follows the context's deadline (fenceLimit), so there is one statement
+// per limit fenceLimit gives from minPreparedFenceLimit up (a dozen at
+// most); a shorter limit sends the text.
 type preparedFence struct {
-	query string // the text the dialect sends when the fence's context has no deadline
-	stmt  *sql.Stmt
+	query string               // the text for a context without a deadline (the lease's TTL)
+	stmts map[string]*sql.Stmt // by text
+}
+
+// minPreparedFenceLimit is the shortest time limit of a fence read that
+// New prepares: a fence with less time left than that is rare.
+const minPreparedFenceLimit = 64 * time.Millisecond
+
+// fenceLimit is the time limit of a fence's read in ctx for a lease of
+// ttl: ttl, or nine tenths of the time ctx has left when that is shorter,
+// rounded down to a power of two milliseconds, so that the reads of all
+// deadlines have few texts, each prepared once (a lock wait that would
+// have lasted from the rounded limit to the deadline fails sooner).
+func fenceLimit(ctx context.Context, ttl time.Duration) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ttl
+	}
+	left := time.Until(dl) * 9 / 10
+	if left >= ttl {
+		return ttl
+	}
+	ms := left.Milliseconds()
+	if ms <= 1 {
+		return time.Millisecond
+	}
+	return time.Duration(1<<(bits.Len64(uint64(ms))-1)) * time.Millisecond
 }
 
 // prepareFence prepares p's fence read for leases of ttl on its *sql.DB,
-// or returns nil: on PostgreSQL, over another Pool, or when preparing
-// fails (Fence then sends the text, as before).
+// for every limit fenceLimit gives from minPreparedFenceLimit up, or
+// returns nil: on PostgreSQL, over another Pool, or when preparing fails
+// (Fence then sends the text, as before).
 func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *preparedFence {
 	sp, ok := p.pool.(sqlPool)
 	if !ok || p.d.name() == Postgres {
 		return nil
 	}
-	f, ok := p.d.(interface {
+	d, ok := p.d.(interface {
 		fenceQuery(ttl, limit time.Duration) string
 	})
 	if !ok {
 		return nil
 	}
-	q := f.fenceQuery(ttl, ttl)
-	stmt, err := sp.db.PrepareContext(ctx, q)
-	if err != nil {
-		p.log.InfoContext(ctx, "cluster: preparing the fence's read failed; Fence sends its text each time, a little slower", "err", err)
-		return nil
+	f := &preparedFence{query: d.fenceQuery(ttl, ttl), stmts: map[string]*sql.Stmt{}}
+	limits := []time.Duration{ttl}
+	for l := minPreparedFenceLimit; l < ttl; l *= 2 {
+		limits = append(limits, l)
 	}
-	return &preparedFence{query: q, stmt: stmt}
+	for _, l := range limits {
+		q := d.fenceQuery(ttl, l)
+		if f.stmts[q] != nil {
+			continue // SQLite's read has no time limit: one text
+		}
+		stmt, err := sp.db.PrepareContext(ctx, q)
+		if err != nil {
+			f.close()
+			p.log.InfoContext(ctx, "cluster: preparing the fence's read failed; Fence sends its text each time, a little slower", "err", err)
+			return nil
+		}
+		f.stmts[q] = stmt
+	}
+	return f
+}
+
+// close closes f's statements; a transaction fenced meanwhile keeps its
+// copy until it ends.
+func (f *preparedFence) close() {
+	for _, stmt := range f.stmts {
+		stmt.Close()
+	}
 }
 
 // errForeignStmt is what database/sql reports when a statement prepared on
@@ -133,10 +185,11 @@ type preparedQuerier struct {
 }
 
 func (q preparedQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
-	if query != q.f.query {
+	prepared, ok := q.f.stmts[query]
+	if !ok {
 		return q.sqlQuerier.QueryRow(ctx, query, args...)
 	}
-	stmt := q.tx.StmtContext(ctx, q.f.stmt)
+	stmt := q.tx.StmtContext(ctx, prepared)
 	return preparedRow{stmt, stmt.QueryRowContext(ctx, args...), func() Row {
 		return q.sqlQuerier.QueryRow(ctx, query, args...)
 	}}

@@ -536,27 +536,37 @@ func TestFencePreparesItsReadOnce(t *testing.T) {
 			}
 			return n
 		}
+		// With no deadline, and with deadlines that give the read a time
+		// limit of the lease's TTL and of less (rounded down to 512 ms):
+		// each prepared once on the connection, then run.
 		var first uint64
-		for i := range 3 {
-			tx, err := conn.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			before := prepares(tx)
-			token, err := a.Fence(ctx, tx)
-			if err != nil {
-				t.Fatalf("Fence %d: %v", i+1, err)
-			}
-			if i == 0 {
-				first = token
-			} else if token != first {
-				t.Fatalf("Fence %d returned token %d, then %d", i+1, first, token)
-			}
-			if n := prepares(tx) - before; i > 0 && n != 0 {
-				t.Errorf("Fence %d prepared %d statements on a connection that fenced before; want none", i+1, n)
-			}
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
+		for _, timeout := range []time.Duration{0, time.Hour, time.Second} {
+			for i := range 3 {
+				fctx, cancel := ctx, context.CancelFunc(func() {})
+				if timeout > 0 {
+					fctx, cancel = context.WithTimeout(ctx, timeout)
+				}
+				tx, err := conn.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				before := prepares(tx)
+				token, err := a.Fence(fctx, tx)
+				cancel()
+				if err != nil {
+					t.Fatalf("Fence %d with timeout %v: %v", i+1, timeout, err)
+				}
+				if first == 0 {
+					first = token
+				} else if token != first {
+					t.Fatalf("Fence %d with timeout %v returned token %d, then %d", i+1, timeout, first, token)
+				}
+				if n := prepares(tx) - before; i > 0 && n != 0 {
+					t.Errorf("Fence %d with timeout %v prepared %d statements on a connection that fenced so before; want none", i+1, timeout, n)
+				}
+				if err := tx.Rollback(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 

@@ -534,11 +534,7 @@ func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error
 // transaction; MariaDB through the session's idle_transaction_timeout,
 // which stays set on the connection; MySQL 8 cannot).
 func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error {
-	limit := ttl
-	if dl, ok := ctx.Deadline(); ok {
-		limit = min(limit, time.Until(dl)*9/10)
-	}
-	r, err := p.d.fence(ctx, tx, l.Name, ttl, limit)
+	r, err := p.d.fence(ctx, tx, l.Name, ttl, fenceLimit(ctx, ttl))
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%w: lease %q does not exist", ErrStaleFencingToken, l.Name)
 	}
