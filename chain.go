@@ -78,7 +78,7 @@ func resolveChains(chains []Chain) ([]Chain, error) {
 // witness file (one more tip read and an fsync).
 func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
 	if isNil(tx) {
-		return errNilTx("AdvanceTip")
+		return errNilTx("AdvanceTip", tx)
 	}
 	return c.AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
 }
@@ -87,7 +87,7 @@ func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter
 // through a [Querier] (clusterpgx.AdvanceTip uses it for a pgx.Tx).
 func (c *Cluster) AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
 	if isNil(tx) {
-		return errNilTx("AdvanceTip")
+		return errNilTx("AdvanceTipWith", tx)
 	}
 	if c.chains == nil {
 		return c.errNoCapability("AdvanceTip", "ChainStore")

@@ -129,6 +129,10 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 		return ErrReadOnly, "the server is a read-only replica or in recovery (point DB at the primary), or the transaction is READ ONLY (fence a read-write one)", ""
 	case code == "42P01" || code == "42703":
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
+	case code == "42883":
+		return ErrSchema, "a function of the cluster schema is missing (the acquire and release functions came with schema version 4); run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
+	case code == "42501":
+		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (README, What an operator must configure)", ""
 	case code == "42601":
 		return nil, "syntax error: is Dialect right for this database?", ""
 	case code == "26000" || code == "42P05":

@@ -8,6 +8,8 @@ import (
 	"math/bits"
 	"reflect"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // DBTX is what [Cluster.Fence] and [Cluster.AdvanceTip] need of a
@@ -61,7 +63,8 @@ var (
 // per call. On MySQL the read's time limit follows ctx's deadline: nine
 // tenths of what is left, when that is under LeaseTTL, rounded down to a
 // power of two milliseconds (New prepares one statement per limit from 64
-// ms up; a fence with less time left sends the text). While a fenced transaction is open the
+// ms to about 33 s and one for LeaseTTL; a fence with another limit sends
+// the text). While a fenced transaction is open the
 // lease row cannot be renewed or acquired, so keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a
@@ -76,7 +79,7 @@ var (
 // ErrStaleFencingToken (it still fails).
 func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("Fence")
+		return 0, errNilTx("Fence", tx)
 	}
 	if f := c.fenceStmt; f != nil {
 		if t, ok := tx.(*sql.Tx); ok {
@@ -94,16 +97,23 @@ func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
 // interpolateParams=true; prepared, it is one on every connection that ran
 // it before. On MySQL the read's text carries its time limit, which
 // follows the context's deadline (fenceLimit), so there is one statement
-// per limit fenceLimit gives from minPreparedFenceLimit up (a dozen at
-// most); a shorter limit sends the text.
+// per limit fenceLimit gives from minPreparedFenceLimit to
+// maxPreparedFenceLimit, and one for the TTL (eleven at most); another
+// limit sends the text. Each connection prepares only the statements its
+// fences run.
 type preparedFence struct {
 	query string               // the text for a context without a deadline (the lease's TTL)
 	stmts map[string]*sql.Stmt // by text
 }
 
-// minPreparedFenceLimit is the shortest time limit of a fence read that
-// New prepares: a fence with less time left than that is rare.
-const minPreparedFenceLimit = 64 * time.Millisecond
+// minPreparedFenceLimit and maxPreparedFenceLimit bound the time limits
+// of the fence reads New prepares, besides the TTL's: a fence with less
+// time left is rare, and one with more, shorter than the TTL, too (a
+// request's deadline is seconds).
+const (
+	minPreparedFenceLimit = 64 * time.Millisecond
+	maxPreparedFenceLimit = 32768 * time.Millisecond
+)
 
 // fenceLimit is the time limit of a fence's read in ctx for a lease of
 // ttl: ttl, or nine tenths of the time ctx has left when that is shorter,
@@ -115,7 +125,8 @@ func fenceLimit(ctx context.Context, ttl time.Duration) time.Duration {
 	if !ok {
 		return ttl
 	}
-	left := time.Until(dl) * 9 / 10
+	d := time.Until(dl)
+	left := d - d/10 // not d*9/10, which overflows past 32 years
 	if left >= ttl {
 		return ttl
 	}
@@ -143,7 +154,7 @@ func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *prepa
 	}
 	f := &preparedFence{query: d.fenceQuery(ttl, ttl), stmts: map[string]*sql.Stmt{}}
 	limits := []time.Duration{ttl}
-	for l := minPreparedFenceLimit; l < ttl; l *= 2 {
+	for l := minPreparedFenceLimit; l < ttl && l <= maxPreparedFenceLimit; l *= 2 {
 		limits = append(limits, l)
 	}
 	for _, l := range limits {
@@ -206,17 +217,26 @@ type preparedRow struct {
 func (r preparedRow) Scan(dest ...any) error {
 	err := r.row.Scan(dest...)
 	r.stmt.Close()
-	if err != nil && err.Error() == errForeignStmt {
+	if err != nil && (err.Error() == errForeignStmt || preparedStmtLimit(err)) {
 		return r.fallback().Scan(dest...)
 	}
 	return err
+}
+
+// preparedStmtLimit reports whether err is MySQL's refusal to prepare one
+// more statement (max_prepared_stmt_count, for the whole server): the
+// transaction's copy of the read could not be prepared on its connection,
+// and the text still runs.
+func preparedStmtLimit(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == 1461
 }
 
 // FenceWith is [Cluster.Fence] for a transaction of any driver, through a
 // [Querier] (clusterpgx.Fence uses it for a pgx.Tx).
 func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("Fence")
+		return 0, errNilTx("FenceWith", tx)
 	}
 	if c.fencer == nil {
 		return 0, c.errNoCapability("Fence", "Fencer")
@@ -236,13 +256,24 @@ func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 
 // errNilTx reports a call given no transaction (a nil one, or a nil
 // pointer of a type that would be one).
-func errNilTx(call string) error {
-	return fmt.Errorf("%w: %s needs the transaction to work in; it was given nil", ErrInvalidConfig, call)
+func errNilTx(call string, tx any) error {
+	if q, ok := tx.(sqlQuerier); ok {
+		tx = q.h
+	}
+	given := "nil"
+	if tx != nil {
+		given = fmt.Sprintf("a nil %T", tx)
+	}
+	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", ErrInvalidConfig, call, given)
 }
 
 // isNil reports whether v is nil or holds a nil pointer, map, slice,
-// function or channel: a value whose methods would dereference nil.
+// function or channel: a value whose methods would dereference nil (a
+// sqlQuerier, whatever it wraps).
 func isNil(v any) bool {
+	if q, ok := v.(sqlQuerier); ok {
+		v = q.h
+	}
 	if v == nil {
 		return true
 	}

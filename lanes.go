@@ -245,7 +245,7 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // short. On SQLite, open the database with _txlock=immediate.
 func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("ClaimLane")
+		return 0, errNilTx("ClaimLane", tx)
 	}
 	return c.ClaimLaneWith(ctx, sqlQuerier{tx}, key)
 }
@@ -254,7 +254,7 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, e
 // through a [Querier] (clusterpgx.ClaimLane uses it for a pgx.Tx).
 func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("ClaimLane")
+		return 0, errNilTx("ClaimLaneWith", tx)
 	}
 	store, ok := c.provider.(LaneStore)
 	if !ok {

@@ -399,8 +399,9 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 // warmRelease runs the release statement of term l on conn once, at the
 // term's first renew, with fencing token 0, which no term has, so that it
 // changes, locks and notifies nothing. A database session's first run of
-// the statement costs about twice a later one (the client prepares it; the
-// server plans the successor query); without this the first run would be
+// the statement costs about twice a later one (the client prepares it; on
+// PostgreSQL the server compiles the release function and plans its
+// statement, once per session); without this the first run would be
 // the release on Shutdown, which the followers wait for. Best effort, like
 // warm: an error pauses warm-ups for a while and changes nothing else.
 func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {

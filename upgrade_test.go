@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -53,6 +54,58 @@ func TestSchemaUpgradeFromVersion2(t *testing.T) {
 				tg.Prefix+"%guard%").Scan(&old); err != nil || old != 0 {
 				t.Fatalf("%d version-2 triggers remain (%v)", old, err)
 			}
+		}
+	})
+}
+
+// A database made by schema version 3 is upgraded by New to this build's:
+// on PostgreSQL the lease statements' functions appear (version 4), on
+// every dialect the version is recorded and the lease goes on from its
+// token.
+func TestSchemaUpgradeFromVersion3(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		src, err := os.ReadFile("testdata/schema_v3/" + string(tg.Dialect) + ".sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("version 3 DDL: %v\n%s", err, stmt)
+			}
+		}
+		for _, q := range []string{
+			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (3, 0)",
+			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tg.Dialect == cluster.Postgres {
+			var n int
+			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_proc WHERE proname = $1 AND pronamespace = current_schema()::regnamespace", tg.Prefix+"acquire").Scan(&n); err != nil || n != 0 {
+				t.Fatalf("version 3 has %d acquire functions (%v); want none", n, err)
+			}
+		}
+
+		a := start(t, tg, "a")
+		if got := a.FencingToken(); got != 8 {
+			t.Fatalf("first term after the upgrade has token %d, want 8", got)
+		}
+		var version int
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+		}
+		if err := a.Resign(ctx); err != nil {
+			t.Fatalf("release after the upgrade: %v", err)
+		}
+		b := start(t, tg, "b")
+		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
+		if got := b.FencingToken(); got != 9 {
+			t.Fatalf("b's term after a's has token %d, want 9", got)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -147,7 +148,9 @@ func TestLeaseFunctionsPlanOncePerSession(t *testing.T) {
 		}
 		for rows.Next() {
 			var s string
-			rows.Scan(&s)
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
 			config = append(config, s)
 		}
 		if err := rows.Err(); err != nil {
@@ -184,5 +187,31 @@ func TestLeaseFunctionsPlanOncePerSession(t *testing.T) {
 	}
 	if instance != held {
 		t.Fatalf("the release ended the term of %q; want a's %q", instance, held)
+	}
+}
+
+// A database whose lease functions are missing (DDL applied in part, or
+// dropped) is a schema error that says what to run, not a bare "function
+// does not exist".
+func TestMissingLeaseFunctionIsSchemaError(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	a := start(t, tg, "a")
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := tg.Open(t)
+	if _, err := db.ExecContext(ctx, "DROP FUNCTION "+tg.Prefix+"acquire"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := cluster.NewDBProvider(db, cluster.Postgres, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: time.Minute})
+	if !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "clusterctl migrate") {
+		t.Fatalf("an acquisition without the acquire function = %v; want ErrSchema saying to run clusterctl migrate", err)
 	}
 }

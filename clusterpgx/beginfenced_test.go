@@ -272,6 +272,9 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 		try(fmt.Sprintf("ClaimLane(%p, nil)", c), func() error { _, err := clusterpgx.ClaimLane(ctx, c, nil, "k"); return err })
 		try(fmt.Sprintf("AdvanceTip(%p, nil)", c), func() error { return clusterpgx.AdvanceTip(ctx, c, nil, "audit", 1, []byte{1}) })
 	}
+	// The core's With forms through Querier of a nil transaction.
+	try("FenceWith(Querier(nil))", func() error { _, err := a.FenceWith(ctx, clusterpgx.Querier(pgx.Tx(nil))); return err })
+	try("ClaimLaneWith(Querier(nil))", func() error { _, err := a.ClaimLaneWith(ctx, clusterpgx.Querier(nil), "k"); return err })
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {

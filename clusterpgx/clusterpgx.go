@@ -54,7 +54,7 @@ func NewProviderWithPrefix(pool *pgxpool.Pool, tablePrefix string) (*cluster.DBP
 // nil c is the default instance (cluster.Init).
 func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("clusterpgx.Fence")
+		return 0, errNilTx("clusterpgx.Fence", tx)
 	}
 	if c == nil {
 		return cluster.FenceWith(ctx, Querier(tx))
@@ -63,18 +63,30 @@ func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
 }
 
 // errNilTx reports a call given no transaction.
-func errNilTx(call string) error {
-	return fmt.Errorf("%w: %s needs the transaction to work in; it was given nil", cluster.ErrInvalidConfig, call)
+func errNilTx(call string, tx any) error {
+	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", cluster.ErrInvalidConfig, call, describeNil(tx))
 }
 
-// isNil reports whether v is nil or a nil pointer (a typed nil in an
-// interface), whose methods would dereference nil.
+// describeNil names a nil argument: "nil", or "a nil *T" for a typed nil.
+func describeNil(v any) string {
+	if v == nil {
+		return "nil"
+	}
+	return fmt.Sprintf("a nil %T", v)
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// function or channel (a typed nil in an interface), whose methods would
+// dereference nil.
 func isNil(v any) bool {
 	if v == nil {
 		return true
 	}
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // A Batcher sends a batch of queries on one connection: *pgxpool.Pool,
@@ -119,7 +131,7 @@ var (
 //	return tx.Commit(ctx)
 func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions pgx.TxOptions) (pgx.Tx, uint64, error) {
 	if isNil(db) {
-		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on; it was given %T(nil)", cluster.ErrInvalidConfig, db)
+		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on; it was given %s", cluster.ErrInvalidConfig, describeNil(db))
 	}
 	if _, ok := db.(pgx.Tx); ok {
 		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced begins a transaction and cannot begin one inside %T; use clusterpgx.Fence on it", cluster.ErrInvalidConfig, db)
@@ -228,7 +240,7 @@ func (r errRow) Scan(...any) error { return r.err }
 // nil c.
 func ClaimLane(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, key string) (uint64, error) {
 	if isNil(tx) {
-		return 0, errNilTx("clusterpgx.ClaimLane")
+		return 0, errNilTx("clusterpgx.ClaimLane", tx)
 	}
 	if c == nil {
 		return cluster.ClaimLaneWith(ctx, Querier(tx), key)
@@ -240,7 +252,7 @@ func ClaimLane(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, key string) (
 // [cluster.Cluster.AdvanceTip]. A nil c is the default instance.
 func AdvanceTip(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, chain string, counter uint64, rowHash []byte) error {
 	if isNil(tx) {
-		return errNilTx("clusterpgx.AdvanceTip")
+		return errNilTx("clusterpgx.AdvanceTip", tx)
 	}
 	if c == nil {
 		return cluster.AdvanceTipWith(ctx, Querier(tx), chain, counter, rowHash)
@@ -264,7 +276,23 @@ var (
 
 // Querier adapts a pgx handle to a [cluster.Querier], for the calls that
 // take one ([cluster.Cluster.FenceWith], [cluster.FenceWith]).
-func Querier(h Handle) cluster.Querier { return querier{h} }
+// A nil h gives a Querier whose every statement fails with an error
+// wrapping [cluster.ErrInvalidConfig].
+func Querier(h Handle) cluster.Querier {
+	if isNil(h) {
+		return nilQuerier{errNilTx("clusterpgx.Querier", h)}
+	}
+	return querier{h}
+}
+
+// nilQuerier is the Querier of a nil Handle: every statement fails with
+// err.
+type nilQuerier struct{ err error }
+
+func (q nilQuerier) Exec(context.Context, string, ...any) (int64, error) { return 0, q.err }
+func (q nilQuerier) QueryRow(context.Context, string, ...any) cluster.Row {
+	return errRow{q.err}
+}
 
 type querier struct{ h Handle }
 
