@@ -78,9 +78,6 @@ var (
 // first write, and the stale write then fails with SQLITE_BUSY rather than
 // ErrStaleFencingToken (it still fails).
 func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
-	if isNil(tx) {
-		return 0, errNilTx("Fence", tx)
-	}
 	if f := c.fenceStmt; f != nil {
 		if t, ok := tx.(*sql.Tx); ok {
 			return c.FenceWith(ctx, preparedQuerier{sqlQuerier{tx}, t, f})
@@ -235,9 +232,6 @@ func preparedStmtLimit(err error) bool {
 // FenceWith is [Cluster.Fence] for a transaction of any driver, through a
 // [Querier] (clusterpgx.Fence uses it for a pgx.Tx).
 func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
-	if isNil(tx) {
-		return 0, errNilTx("FenceWith", tx)
-	}
 	if c.fencer == nil {
 		return 0, c.errNoCapability("Fence", "Fencer")
 	}
@@ -255,9 +249,14 @@ func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 }
 
 // errNilTx reports a call given no transaction (a nil one, or a nil
-// pointer of a type that would be one).
+// pointer of a type that would be one). The default provider checks, as
+// it is what would dereference it; another provider (providertest's
+// Memory) may need no transaction at all.
 func errNilTx(call string, tx any) error {
-	if q, ok := tx.(sqlQuerier); ok {
+	switch q := tx.(type) {
+	case sqlQuerier:
+		tx = q.h
+	case preparedQuerier:
 		tx = q.h
 	}
 	given := "nil"
@@ -271,7 +270,10 @@ func errNilTx(call string, tx any) error {
 // function or channel: a value whose methods would dereference nil (a
 // sqlQuerier, whatever it wraps).
 func isNil(v any) bool {
-	if q, ok := v.(sqlQuerier); ok {
+	switch q := v.(type) {
+	case sqlQuerier:
+		v = q.h
+	case preparedQuerier:
 		v = q.h
 	}
 	if v == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,7 @@ func TestNilTransactionIsAnError(t *testing.T) {
 		}
 		a := start(t, tg, "a", func(c *cluster.Config) {
 			c.Chains = []cluster.Chain{{Name: "audit", Table: tg.Prefix + "audit"}}
+			c.WitnessFile = filepath.Join(t.TempDir(), "witness.json") // AdvanceTip reads the tip first
 		})
 		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
 		calls := map[string]func(tx cluster.DBTX) error{

@@ -535,6 +535,9 @@ func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error
 // transaction; MariaDB through the session's idle_transaction_timeout,
 // which stays set on the connection; MySQL 8 cannot).
 func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error {
+	if isNil(tx) {
+		return errNilTx("Fence", tx)
+	}
 	r, err := p.d.fence(ctx, tx, l.Name, ttl, fenceLimit(ctx, ttl))
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%w: lease %q does not exist", ErrStaleFencingToken, l.Name)
@@ -555,6 +558,9 @@ func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Du
 
 // WriteTip implements [ChainStore].
 func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error {
+	if isNil(tx) {
+		return errNilTx("AdvanceTip", tx)
+	}
 	_, err := tx.Exec(ctx, p.q.TipWrite, t.Chain, t.Lease, int64(t.Counter), t.Hash, int64(t.FencingToken))
 	if err != nil {
 		return p.wrap(fmt.Sprintf("advance tip of chain %q to %d under fencing token %d", t.Chain, t.Counter, t.FencingToken), err)
@@ -564,7 +570,7 @@ func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error
 
 // ReadTip implements [ChainStore].
 func (p *DBProvider) ReadTip(ctx context.Context, tx Querier, chain string) (ChainTip, bool, error) {
-	if tx == nil {
+	if isNil(tx) {
 		conn, release, err := p.conn(ctx)
 		if err != nil {
 			return ChainTip{}, false, err

@@ -116,6 +116,9 @@ func (p *DBProvider) lanes() laneDialect { return p.d.(laneDialect) }
 
 // PeekLane implements [LaneStore].
 func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error) {
+	if isNil(tx) {
+		return nil, LaneCensus{}, errNilTx("ClaimLane", tx)
+	}
 	var c LaneCensus
 	var holder, instance sql.NullString
 	var token, acquired, renewed, expires sql.NullInt64
@@ -146,6 +149,9 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 // where it would be, and two transactions that then both insert it
 // deadlock. Rows are never deleted, so a lane seen once needs no more.
 func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
+	if isNil(tx) {
+		return Lane{}, errNilTx("ClaimLane", tx)
+	}
 	limit := req.TTL
 	if dl, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(dl)*9/10)
