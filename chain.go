@@ -77,12 +77,18 @@ func resolveChains(chains []Chain) ([]Chain, error) {
 // until tx ends. With [Config.WitnessFile] it also records the tip in the
 // witness file (one more tip read and an fsync).
 func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
+	if err := c.checkTx("AdvanceTip", tx); err != nil {
+		return err
+	}
 	return c.AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
 }
 
 // AdvanceTipWith is [Cluster.AdvanceTip] for a transaction of any driver,
 // through a [Querier] (clusterpgx.AdvanceTip uses it for a pgx.Tx).
 func (c *Cluster) AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
+	if err := c.checkTx("AdvanceTipWith", tx); err != nil {
+		return err
+	}
 	if c.chains == nil {
 		return c.errNoCapability("AdvanceTip", "ChainStore")
 	}

@@ -78,6 +78,9 @@ var (
 // first write, and the stale write then fails with SQLITE_BUSY rather than
 // ErrStaleFencingToken (it still fails).
 func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
+	if err := c.checkTx("Fence", tx); err != nil {
+		return 0, err
+	}
 	if f := c.fenceStmt; f != nil {
 		if t, ok := tx.(*sql.Tx); ok {
 			return c.FenceWith(ctx, preparedQuerier{sqlQuerier{tx}, t, f})
@@ -232,6 +235,9 @@ func preparedStmtLimit(err error) bool {
 // FenceWith is [Cluster.Fence] for a transaction of any driver, through a
 // [Querier] (clusterpgx.Fence uses it for a pgx.Tx).
 func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
+	if err := c.checkTx("FenceWith", tx); err != nil {
+		return 0, err
+	}
 	if c.fencer == nil {
 		return 0, c.errNoCapability("Fence", "Fencer")
 	}
@@ -266,9 +272,27 @@ func errNilTx(call string, tx any) error {
 	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", ErrInvalidConfig, call, given)
 }
 
+// needsTx is the mark of a provider whose transactional calls (Fence,
+// lane claims, tips) run statements in the caller's transaction: for it a
+// nil one is refused before anything else happens. *DBProvider has it, and
+// so does a provider that embeds it; providertest's Memory does not, and
+// takes nil.
+type needsTx interface{ needsTx() }
+
+func (p *DBProvider) needsTx() {}
+
+// checkTx refuses a nil tx for call when c's provider needs one, before
+// the call changes anything or asks whether this node leads.
+func (c *Cluster) checkTx(call string, tx any) error {
+	if _, ok := c.provider.(needsTx); ok && isNil(tx) {
+		return errNilTx(call, tx)
+	}
+	return nil
+}
+
 // isNil reports whether v is nil or holds a nil pointer, map, slice,
-// function or channel: a value whose methods would dereference nil (a
-// sqlQuerier, whatever it wraps).
+// function or channel: a value whose methods would dereference nil (for a
+// sqlQuerier or preparedQuerier, whatever it wraps).
 func isNil(v any) bool {
 	switch q := v.(type) {
 	case sqlQuerier:

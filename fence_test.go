@@ -134,6 +134,26 @@ func TestNilTransactionIsAnError(t *testing.T) {
 		if !a.IsLeader() {
 			t.Fatal("a no longer leads after the calls with no transaction")
 		}
+
+		// A follower gets the same error, not ErrNotLeader, and a nil
+		// ClaimLane does not make it a lane member.
+		f := start(t, tg, "f", func(c *cluster.Config) {
+			c.Chains = []cluster.Chain{{Name: "audit", Table: tg.Prefix + "audit"}}
+		})
+		for name, err := range map[string]error{
+			"Fence":         func() error { _, err := f.Fence(ctx, (*sql.Tx)(nil)); return err }(),
+			"ClaimLaneWith": func() error { _, err := f.ClaimLaneWith(ctx, nil, "orders-1"); return err }(),
+			"AdvanceTip":    f.AdvanceTip(ctx, nil, "audit", 1, []byte{1}),
+		} {
+			if !errors.Is(err, cluster.ErrInvalidConfig) || errors.Is(err, cluster.ErrNotLeader) || !strings.Contains(err.Error(), name+" needs the transaction") {
+				t.Errorf("follower's %s(nil) = %v; want ErrInvalidConfig naming %s", name, err, name)
+			}
+		}
+		time.Sleep(3 * testdb.Heartbeat)
+		var takes int
+		if err := tg.Open(t).QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "f").Scan(&takes); err != nil || takes != 0 {
+			t.Errorf("after a nil ClaimLane the follower's takes_lanes = %d (%v); want 0", takes, err)
+		}
 	})
 }
 

@@ -244,12 +244,18 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // how long tx may then sit idle by LeaseTTL, so keep lane transactions
 // short. On SQLite, open the database with _txlock=immediate.
 func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {
+	if err := c.checkTx("ClaimLane", tx); err != nil {
+		return 0, err
+	}
 	return c.ClaimLaneWith(ctx, sqlQuerier{tx}, key)
 }
 
 // ClaimLaneWith is [Cluster.ClaimLane] for a transaction of any driver,
 // through a [Querier] (clusterpgx.ClaimLane uses it for a pgx.Tx).
 func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (uint64, error) {
+	if err := c.checkTx("ClaimLaneWith", tx); err != nil {
+		return 0, err
+	}
 	store, ok := c.provider.(LaneStore)
 	if !ok {
 		return 0, c.errNoCapability("ClaimLane", "LaneStore")

@@ -570,7 +570,10 @@ func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error
 
 // ReadTip implements [ChainStore].
 func (p *DBProvider) ReadTip(ctx context.Context, tx Querier, chain string) (ChainTip, bool, error) {
-	if isNil(tx) {
+	if tx != nil && isNil(tx) {
+		return ChainTip{}, false, errNilTx("AdvanceTip", tx)
+	}
+	if tx == nil {
 		conn, release, err := p.conn(ctx)
 		if err != nil {
 			return ChainTip{}, false, err
