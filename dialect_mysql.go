@@ -254,9 +254,16 @@ func (d *mySQL) transient(error) bool { return false }
 // the server gives up before the caller does.
 func statementLimit(ctx context.Context) time.Duration {
 	if dl, ok := ctx.Deadline(); ok {
-		return time.Until(dl) * 9 / 10
+		return nineTenthsLeft(dl)
 	}
 	return defaultStatementLimit
+}
+
+// nineTenthsLeft is nine tenths of the time until dl: the time limit of a
+// statement whose caller gives up at dl.
+func nineTenthsLeft(dl time.Time) time.Duration {
+	d := time.Until(dl)
+	return d - d/10 // not d*9/10, which overflows past 32 years
 }
 
 // defaultStatementLimit bounds a lease statement whose context has no

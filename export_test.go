@@ -49,7 +49,14 @@ func FenceQuery(c *Cluster) string {
 	if c.fenceStmt == nil {
 		return ""
 	}
-	return c.fenceStmt.query
+	d := c.provider.(*DBProvider).d.(interface {
+		fenceQuery(ttl, limit time.Duration) string
+	})
+	q := d.fenceQuery(c.cfg.LeaseTTL, c.cfg.LeaseTTL) // the text of a context without a deadline
+	if c.fenceStmt.stmts[q] == nil {
+		return ""
+	}
+	return q
 }
 
 // SetShutdownHandoffWait sets how long Shutdown waits to hear its

@@ -102,7 +102,6 @@ func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
 // limit sends the text. Each connection prepares only the statements its
 // fences run.
 type preparedFence struct {
-	query string               // the text for a context without a deadline (the lease's TTL)
 	stmts map[string]*sql.Stmt // by text
 }
 
@@ -125,8 +124,7 @@ func fenceLimit(ctx context.Context, ttl time.Duration) time.Duration {
 	if !ok {
 		return ttl
 	}
-	d := time.Until(dl)
-	left := d - d/10 // not d*9/10, which overflows past 32 years
+	left := nineTenthsLeft(dl)
 	if left >= ttl {
 		return ttl
 	}
@@ -152,7 +150,7 @@ func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *prepa
 	if !ok {
 		return nil
 	}
-	f := &preparedFence{query: d.fenceQuery(ttl, ttl), stmts: map[string]*sql.Stmt{}}
+	f := &preparedFence{stmts: map[string]*sql.Stmt{}}
 	limits := []time.Duration{ttl}
 	for l := minPreparedFenceLimit; l < ttl && l <= maxPreparedFenceLimit; l *= 2 {
 		limits = append(limits, l)

@@ -154,7 +154,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 	}
 	limit := req.TTL
 	if dl, ok := ctx.Deadline(); ok {
-		limit = min(limit, time.Until(dl)*9/10)
+		limit = min(limit, nineTenthsLeft(dl))
 	}
 	op := "claim lane " + quote(req.Key)
 	id := laneID{req.Scope, req.Key}

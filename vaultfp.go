@@ -53,7 +53,7 @@ func VaultKeyFingerprint(keys ...kem.PublicKey) (string, error) {
 	}
 	named := make([]namedKey, len(keys))
 	for i, k := range keys {
-		if isNilKey(k) {
+		if isNil(k) { // a nil key would panic in Scheme or MarshalBinary
 			return "", configErrorf("vault-key fingerprint: key %d is nil", i)
 		}
 		s := k.Scheme()
@@ -116,10 +116,6 @@ func appendLengthPrefixed[T string | []byte](dst []byte, b T) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(b)))
 	return append(dst, b...)
 }
-
-// isNilKey reports whether k is nil or holds a nil pointer, which would
-// panic in Scheme or MarshalBinary.
-func isNilKey(k kem.PublicKey) bool { return isNil(k) }
 
 // checkVaultKeys compares this node's vault-key fingerprint with the one
 // the cluster recorded, recording it first if this node boots first. With
