@@ -209,16 +209,24 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, db *sql.DB, q t
 	}
 	for form := range forms {
 		ops[form] = func() error {
-			tx, err := db.BeginTx(ctx, nil)
+			var (
+				tx    *sql.Tx
+				token uint64
+				err   error
+			)
+			if form == formFenced && tg.beginFenced {
+				tx, token, err = clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+			} else {
+				tx, err = db.BeginTx(ctx, nil)
+			}
 			if err != nil {
 				return err
 			}
 			defer tx.Rollback()
-			var token uint64
-			switch form {
-			case formRead:
+			switch {
+			case form == formRead:
 				err = tx.QueryRowContext(ctx, q.read, q.lease).Scan(&token)
-			case formFenced:
+			case form == formFenced && !tg.beginFenced:
 				token, err = c.Fence(ctx, tx)
 			}
 			if err != nil {

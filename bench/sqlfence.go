@@ -37,9 +37,10 @@ type target struct {
 	// with heartbeats of a second or more, that is before every statement
 	// of a member, a round trip and a server transaction each.
 	noPing bool
-	// beginFenced fences the application's pgx transactions with
-	// clusterpgx.BeginFenced (the BEGIN and the fence in one round trip)
-	// rather than pool.Begin and clusterpgx.Fence.
+	// beginFenced fences the application's transactions with
+	// clusterpgx.BeginFenced (pgx) or clusterpgx.BeginFencedSQL
+	// (database/sql, on a pool of clusterpgx.OpenDB): the BEGIN and the
+	// fence in one round trip, rather than a BEGIN and then Fence.
 	beginFenced bool
 	// ownPool runs the application's database/sql transactions of the
 	// fenced-transaction comparison on a pool of their own, not on the
@@ -62,8 +63,8 @@ func newPrefix() string {
 func newTarget(name string, d dsns, prefix string) (target, error) {
 	if base, ok := strings.CutSuffix(name, "/own-pool"); ok {
 		tg, err := newTarget(base, d, prefix)
-		if tg.pgx {
-			return target{}, fmt.Errorf("system %q: /own-pool is for database/sql (pgx's transactions run on a pool of their own already)", name)
+		if tg.pgx || tg.beginFenced {
+			return target{}, fmt.Errorf("system %q: /own-pool is for database/sql without +begin (pgx's transactions run on a pool of their own already; +begin needs the member's pool of clusterpgx.OpenDB)", name)
 		}
 		tg.name, tg.ownPool = name, true
 		return tg, err
@@ -75,6 +76,8 @@ func newTarget(name string, d dsns, prefix string) (target, error) {
 			dsn: "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"}, nil
 	case "postgres":
 		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, prefix: prefix}, nil
+	case "postgres+begin":
+		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, prefix: prefix, beginFenced: true}, nil
 	case "pgx":
 		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, pgx: true, prefix: prefix}, nil
 	case "pgx+begin":
@@ -120,12 +123,20 @@ func (tg target) openMember(ctx context.Context, conns int) (memberDB, error) {
 		return memberDB{pool: pool, close: func() error { pool.Close(); return nil }}, nil
 	}
 	var db *sql.DB
-	if tg.noPing && tg.dialect == cluster.Postgres {
+	if tg.dialect == cluster.Postgres && (tg.noPing || tg.beginFenced) {
 		cc, err := pgx.ParseConfig(tg.dsn)
 		if err != nil {
 			return memberDB{}, err
 		}
-		db = stdlib.OpenDB(*cc, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
+		var opts []stdlib.OptionOpenDB
+		if tg.noPing {
+			opts = append(opts, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
+		}
+		open := stdlib.OpenDB
+		if tg.beginFenced {
+			open = clusterpgx.OpenDB // its transactions can begin fenced
+		}
+		db = open(*cc, opts...)
 	} else {
 		var err error
 		if db, err = sql.Open(tg.driver, tg.dsn); err != nil {

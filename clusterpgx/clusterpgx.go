@@ -14,6 +14,11 @@
 //	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
 //	err = tx.Commit(ctx)
 //
+// On database/sql with pgx's stdlib driver, a pool opened by [OpenDB]
+// begins a *sql.Tx and fences it in one round trip too ([BeginFencedSQL]),
+// and [NewStdlibProvider] holds the lease through it, listening for
+// releases.
+//
 // The provider is a *cluster.DBProvider over the PostgreSQL dialect, with
 // every capability of the database/sql one (Fence, chain tips, the witness
 // file, vault keys); embed it to wrap it. Behind PgBouncer in transaction

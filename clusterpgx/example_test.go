@@ -51,3 +51,42 @@ func ExampleBeginFenced() {
 		log.Print(err)
 	}
 }
+
+// A service on database/sql with pgx's stdlib driver (sqlc's database/sql
+// code) opens its pool with OpenDB, holds the lease through it, and begins
+// fenced transactions in one round trip. (Compiled, not run: it needs a
+// PostgreSQL.)
+func ExampleBeginFencedSQL() {
+	ctx := context.Background()
+	connConfig, err := pgx.ParseConfig("postgres://app@db.internal/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := clusterpgx.OpenDB(*connConfig)
+	defer db.Close()
+	provider, err := clusterpgx.NewStdlibProvider(db, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", Provider: provider})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+
+	createOrder := func(ctx context.Context, item string) error {
+		tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+		if err != nil {
+			return err // errors.Is(err, cluster.ErrNotLeader): nothing was written
+		}
+		defer tx.Rollback()
+		// sqlc: queries.WithTx(tx).CreateOrder(ctx, ...)
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (item, fencing_token) VALUES ($1, $2)", item, int64(token)); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	if err := createOrder(ctx, "book"); err != nil {
+		log.Print(err)
+	}
+}

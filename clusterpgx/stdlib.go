@@ -3,9 +3,12 @@ package clusterpgx
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqlfence/cluster"
@@ -43,7 +46,7 @@ func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), no
 	}
 	defer conn.Close()
 	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
+		sc, ok := dc.(interface{ Conn() *pgx.Conn })
 		if !ok {
 			return fmt.Errorf("clusterpgx: a connection of %T cannot LISTEN", dc)
 		}
@@ -59,3 +62,170 @@ func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), no
 		return err
 	})
 }
+
+// OpenDB opens a database/sql pool of pgx's stdlib driver on config, as
+// stdlib.OpenDB does with the same options, whose connections can begin a
+// transaction and fence it in one round trip: [BeginFencedSQL] on it sends
+// the BEGIN and the fence's locked read of the lease row together, as
+// [BeginFenced] does on pgx. Everything else behaves as on stdlib.OpenDB's
+// pool; the one difference is the value [sql.Conn.Raw] hands its function:
+// not a *stdlib.Conn but a value that embeds one, so code that needs the
+// *pgx.Conn asserts interface{ Conn() *pgx.Conn }, which both have.
+func OpenDB(config pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
+	return sql.OpenDB(fencingConnector{stdlib.GetConnector(config, opts...)})
+}
+
+// OpenDBFromPool is [OpenDB] over a pgxpool, as stdlib.OpenDBFromPool: each
+// database/sql connection is one of pool's, and database/sql keeps none idle.
+func OpenDBFromPool(pool *pgxpool.Pool, opts ...stdlib.OptionOpenDB) *sql.DB {
+	db := sql.OpenDB(fencingConnector{stdlib.GetPoolConnector(pool, opts...)})
+	db.SetMaxIdleConns(0)
+	return db
+}
+
+// BeginFencedSQL begins a database/sql transaction on db with opts (nil:
+// the defaults) and fences it with c, as [cluster.Cluster.Fence] would, and
+// returns the transaction, for the caller to commit or roll back, and the
+// token of the term it verified, for the rows the transaction writes. On
+// a pool opened by [OpenDB] or [OpenDBFromPool] the BEGIN and the fence go
+// to the server in one round trip, so the fenced transaction takes no more
+// round trips than the same one begun with db.BeginTx; on any other
+// *sql.DB (pgx's stdlib.OpenDB, sql.Open, another dialect) it begins the
+// transaction and then fences it, one round trip more, with the same
+// result.
+//
+// On error no transaction is left open: when this node does not lead, or
+// its token is stale (errors.Is(err, cluster.ErrStaleFencingToken)),
+// nothing was written. A nil c is the process's default instance
+// ([cluster.Init]): when Init was never called BeginFencedSQL begins the
+// transaction and returns token 0, as [cluster.Fence] does.
+//
+//	tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+//	if err != nil {
+//		return err
+//	}
+//	defer tx.Rollback()
+//	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
+//	return tx.Commit()
+func BeginFencedSQL(ctx context.Context, c *cluster.Cluster, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
+	if db == nil {
+		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFencedSQL needs the *sql.DB to begin on; it was given nil", cluster.ErrInvalidConfig)
+	}
+	req := &fencedBegin{c: c}
+	tx, err := db.BeginTx(context.WithValue(ctx, fencedBeginKey{}, req), opts)
+	if err != nil {
+		return nil, 0, err
+	}
+	if req.fenced {
+		return tx, req.token, nil
+	}
+	// A connection of another driver began it: fence in a statement of
+	// its own.
+	var token uint64
+	if c != nil {
+		token, err = c.Fence(ctx, tx)
+	} else {
+		token, err = cluster.Fence(ctx, tx)
+	}
+	if err != nil {
+		tx.Rollback()
+		return nil, 0, err
+	}
+	return tx, token, nil
+}
+
+// fencedBeginKey is the context key under which BeginFencedSQL hands a
+// fencingConn its request, through database/sql's BeginTx.
+type fencedBeginKey struct{}
+
+// A fencedBegin is BeginFencedSQL's request to the connection that begins
+// the transaction, and its answer.
+type fencedBegin struct {
+	c      *cluster.Cluster
+	fenced bool   // the connection began and fenced the transaction
+	token  uint64 // the token it verified
+}
+
+// fencingConnector is pgx's stdlib connector whose connections are
+// fencingConns; Driver is stdlib's, so the pool is pgx's to everyone who
+// asks (cluster's dialect detection, NewStdlibProvider).
+type fencingConnector struct{ driver.Connector }
+
+func (fc fencingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := fc.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sc, ok := dc.(*stdlib.Conn)
+	if !ok {
+		return dc, nil
+	}
+	return &fencingConn{sc}, nil
+}
+
+// A fencingConn is a connection of pgx's stdlib driver (every method but
+// BeginTx is its, Conn included: the embedded field is named stdConn so
+// that it does not hide that method) that begins a transaction of
+// BeginFencedSQL with the fence in the same batch.
+type fencingConn struct{ *stdConn }
+
+type stdConn = stdlib.Conn
+
+// fencingConn is everything database/sql asks of *stdlib.Conn.
+var (
+	_ driver.ConnBeginTx            = (*fencingConn)(nil)
+	_ driver.ConnPrepareContext     = (*fencingConn)(nil)
+	_ driver.ExecerContext          = (*fencingConn)(nil)
+	_ driver.QueryerContext         = (*fencingConn)(nil)
+	_ driver.Pinger                 = (*fencingConn)(nil)
+	_ driver.SessionResetter        = (*fencingConn)(nil)
+	_ driver.NamedValueChecker      = (*fencingConn)(nil)
+	_ interface{ Conn() *pgx.Conn } = (*fencingConn)(nil)
+)
+
+// BeginTx begins a transaction as stdlib does, or, asked by
+// BeginFencedSQL, begins and fences it in one batch (BeginFenced on the
+// connection), which on error leaves no transaction open.
+func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	req, _ := ctx.Value(fencedBeginKey{}).(*fencedBegin)
+	if req == nil {
+		return fc.stdConn.BeginTx(ctx, opts)
+	}
+	pc := fc.Conn()
+	if pc.IsClosed() {
+		return nil, driver.ErrBadConn
+	}
+	var pgxOpts pgx.TxOptions
+	switch sql.IsolationLevel(opts.Isolation) {
+	case sql.LevelDefault:
+	case sql.LevelReadUncommitted:
+		pgxOpts.IsoLevel = pgx.ReadUncommitted
+	case sql.LevelReadCommitted:
+		pgxOpts.IsoLevel = pgx.ReadCommitted
+	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+		pgxOpts.IsoLevel = pgx.RepeatableRead
+	case sql.LevelSerializable:
+		pgxOpts.IsoLevel = pgx.Serializable
+	default:
+		return nil, fmt.Errorf("clusterpgx.BeginFencedSQL: PostgreSQL has no isolation level %v", sql.IsolationLevel(opts.Isolation))
+	}
+	if opts.ReadOnly {
+		pgxOpts.AccessMode = pgx.ReadOnly
+	}
+	tx, token, err := BeginFenced(ctx, req.c, pc, pgxOpts)
+	if err != nil {
+		return nil, err
+	}
+	req.fenced, req.token = true, token
+	return fencedTx{ctx, tx}, nil
+}
+
+// fencedTx is the driver.Tx of a transaction BeginFenced began, ended in
+// the context it began in, as stdlib's transactions are.
+type fencedTx struct {
+	ctx context.Context
+	tx  pgx.Tx
+}
+
+func (t fencedTx) Commit() error   { return t.tx.Commit(t.ctx) }
+func (t fencedTx) Rollback() error { return t.tx.Rollback(t.ctx) }

@@ -1,0 +1,369 @@
+package clusterpgx_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// openSQL opens a database/sql pool of pgx's stdlib driver on tg with
+// open (stdlib.OpenDB, clusterpgx.OpenDB), every statement logged to log
+// when it is not nil.
+func openSQL(t *testing.T, tg testdb.Target, open func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB, log *sentLog) *sql.DB {
+	t.Helper()
+	cc, err := pgx.ParseConfig(tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log != nil {
+		cc.Tracer = log
+	}
+	db := open(*cc)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// inTransaction reports whether q (a transaction, or a pool of one
+// connection) runs its statements inside a transaction block: only there
+// can a savepoint be set (elsewhere PostgreSQL refuses, 25P01).
+func inTransaction(t *testing.T, q interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}) bool {
+	t.Helper()
+	// A transaction left open also holds the pool's one connection: the
+	// probe would wait for it forever.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := q.ExecContext(ctx, "SAVEPOINT sqlfence_probe")
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		t.Fatal("the pool's only connection was not given back: a transaction was left open")
+	case err == nil:
+		if _, err := q.ExecContext(ctx, "RELEASE SAVEPOINT sqlfence_probe"); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	case errors.As(err, &pgErr) && pgErr.Code == "25P01":
+		return false
+	}
+	t.Fatalf("probing for an open transaction: %v", err)
+	return false
+}
+
+// BeginFencedSQL on a pool of clusterpgx.OpenDB begins and fences a
+// database/sql transaction in one batch (nothing sent before it), holds
+// the lease row until the transaction ends, honours the options, and
+// refuses a stale leader or a follower without leaving a transaction open
+// on the connection; on a pool of stdlib.OpenDB it does the same in two
+// round trips.
+func TestBeginFencedSQL(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 0)
+	orders := tg.Prefix + "orders"
+	if _, err := admin.Exec(ctx, "CREATE TABLE "+orders+" (id BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	slow := func(c *cluster.Config) {
+		// a renews rarely, so it still believes it leads after the takeover.
+		c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 5*time.Second, 2*time.Second, 4*time.Second
+	}
+	a := node(t, tg, newPool(t, tg, 0), "a", slow)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	lockable := func() error {
+		_, err := admin.Exec(ctx, "SELECT 1 FROM "+tg.Prefix+"lease FOR UPDATE NOWAIT")
+		return err
+	}
+
+	if _, _, err := clusterpgx.BeginFencedSQL(ctx, a, nil, nil); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("BeginFencedSQL on a nil *sql.DB = %v, want ErrInvalidConfig", err)
+	}
+
+	for _, pool := range []struct {
+		name      string
+		open      func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB
+		oneBatch  bool
+		wantSends string
+	}{
+		{"clusterpgx.OpenDB", clusterpgx.OpenDB, true, "one batch of the BEGIN and the fence, nothing else"},
+		{"stdlib.OpenDB", stdlib.OpenDB, false, "the BEGIN, then the fence, no batch"},
+	} {
+		t.Run(pool.name, func(t *testing.T) {
+			log := &sentLog{}
+			app := openSQL(t, tg, pool.open, log)
+			app.SetMaxOpenConns(1) // so that the probes run on the connection BeginFencedSQL used
+			if err := app.PingContext(ctx); err != nil {
+				t.Fatal(err)
+			}
+			log.reset()
+			tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
+			if err != nil {
+				t.Fatalf("BeginFencedSQL by the leader: %v", err)
+			}
+			if token != a.FencingToken() || token == 0 {
+				t.Errorf("BeginFencedSQL returned token %d; the leader's is %d", token, a.FencingToken())
+			}
+			batches, singles := log.reset()
+			if pool.oneBatch {
+				if len(batches) != 1 || len(batches[0]) != 2 || !strings.HasPrefix(strings.ToLower(batches[0][0]), "begin") ||
+					!strings.Contains(batches[0][1], tg.Prefix+"lease") || len(singles) != 0 {
+					t.Fatalf("BeginFencedSQL sent batches %q and statements %q; want %s", batches, singles, pool.wantSends)
+				}
+			} else if len(batches) != 0 || len(singles) != 2 || !strings.HasPrefix(strings.ToLower(singles[0]), "begin") ||
+				!strings.Contains(singles[1], tg.Prefix+"lease") {
+				t.Fatalf("BeginFencedSQL sent batches %q and statements %q; want %s", batches, singles, pool.wantSends)
+			}
+			if err := lockable(); !isLockNotAvailable(err) {
+				t.Errorf("locking the lease row during a fenced transaction = %v, want lock_not_available (55P03)", err)
+			}
+			if !inTransaction(t, tx) {
+				t.Error("the transaction BeginFencedSQL returned is not a transaction block")
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (token) VALUES ($1)", int64(token)); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatalf("commit: %v", err)
+			}
+			if err := lockable(); err != nil {
+				t.Errorf("the lease row is still locked after the commit: %v", err)
+			}
+			if inTransaction(t, app) {
+				t.Error("the connection is still in a transaction after the commit")
+			}
+
+			// Options reach the BEGIN.
+			tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: sql.LevelSerializable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var iso string
+			if err := tx.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil || iso != "serializable" {
+				t.Errorf("isolation in a serializable BeginFencedSQL = %q (%v)", iso, err)
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if err := lockable(); err != nil {
+				t.Errorf("the lease row is still locked after the rollback: %v", err)
+			}
+			// A read-only transaction cannot hold the lease row: refused,
+			// and nothing left open.
+			tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{ReadOnly: true})
+			if !errors.Is(err, cluster.ErrReadOnly) || tx != nil {
+				t.Errorf("a read-only BeginFencedSQL = %v, %v; want nil and ErrReadOnly", tx, err)
+			}
+			if n := app.Stats().InUse; n != 0 {
+				t.Errorf("%d connections in use after a refused BeginFencedSQL; want 0", n)
+			}
+			if inTransaction(t, app) {
+				t.Error("a refused BeginFencedSQL left its transaction open")
+			}
+			// An isolation level PostgreSQL lacks: an error, nothing open.
+			if _, _, err := clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: sql.LevelLinearizable}); err == nil {
+				t.Error("BeginFencedSQL with LevelLinearizable succeeded")
+			}
+			if inTransaction(t, app) {
+				t.Error("a BeginFencedSQL with a bad isolation level left a transaction open")
+			}
+			// A cancelled context: an error, and the pool still works.
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			if _, _, err := clusterpgx.BeginFencedSQL(cctx, a, app, nil); !errors.Is(err, context.Canceled) {
+				t.Errorf("BeginFencedSQL in a cancelled context = %v, want context.Canceled", err)
+			}
+			// A plain BeginTx on the same pool is stdlib's.
+			log.reset()
+			plain, err := app.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lockable(); err != nil {
+				t.Errorf("a plain transaction locks the lease row: %v", err)
+			}
+			plain.Rollback()
+			if batches, singles := log.reset(); len(batches) != 0 || len(singles) != 2 {
+				t.Errorf("a plain BeginTx and its rollback sent batches %q and statements %q; want the BEGIN and the ROLLBACK", batches, singles)
+			}
+		})
+	}
+
+	// A takeover behind a's back: its next BeginFencedSQL is refused, on
+	// either pool, leaving the connection out of any transaction.
+	if _, err := admin.Exec(ctx, "UPDATE "+tg.Prefix+"lease SET expires_at = 0"); err != nil {
+		t.Fatal(err)
+	}
+	b := node(t, tg, newPool(t, tg, 0), "b", slow)
+	if !b.IsLeader() || !a.IsLeader() {
+		t.Fatalf("want b leading and a still believing it does: a %v, b %v", a.IsLeader(), b.IsLeader())
+	}
+	f := node(t, tg, newPool(t, tg, 0), "f", slow)
+	for i, open := range []func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB{clusterpgx.OpenDB, stdlib.OpenDB} {
+		app := openSQL(t, tg, open, nil)
+		app.SetMaxOpenConns(1)
+		// a may have learnt of the takeover by the second pool (its
+		// renewal is due every 2s): then it is refused as a follower.
+		want := cluster.ErrStaleFencingToken
+		if i > 0 {
+			want = cluster.ErrNotLeader
+		}
+		tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
+		if !errors.Is(err, want) || tx != nil || token != 0 {
+			t.Fatalf("BeginFencedSQL by the stale leader = %v, %d, %v; want nil, 0, %v", tx, token, err, want)
+		}
+		if inTransaction(t, app) {
+			t.Error("a stale BeginFencedSQL left its transaction open")
+		}
+		// A follower is refused too.
+		if _, _, err := clusterpgx.BeginFencedSQL(ctx, f, app, nil); !errors.Is(err, cluster.ErrNotLeader) {
+			t.Fatalf("BeginFencedSQL by a follower = %v, want ErrNotLeader", err)
+		}
+		if inTransaction(t, app) {
+			t.Error("a follower's BeginFencedSQL left its transaction open")
+		}
+		tx, token, err = clusterpgx.BeginFencedSQL(ctx, b, app, nil)
+		if err != nil || token != b.FencingToken() {
+			t.Fatalf("BeginFencedSQL by the new leader = %d, %v; want its token %d", token, err, b.FencingToken())
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (token) VALUES ($1)", int64(token)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 4 {
+		t.Fatalf("%d orders committed (%v); want two from a and two from b", n, err)
+	}
+}
+
+// BeginFencedSQL works on any *sql.DB: on SQLite it begins the
+// transaction and fences it in a statement of its own.
+func TestBeginFencedSQLOnSQLite(t *testing.T) {
+	tg := testdb.New(t, cluster.SQLite)
+	ctx := context.Background()
+	db := tg.Open(t)
+	c, err := cluster.New(ctx, tg.Config(t, db, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+	if !c.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+	if err != nil || token != c.FencingToken() {
+		t.Fatalf("BeginFencedSQL on SQLite = %d, %v; want %d", token, err, c.FencingToken())
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Without cluster.Init BeginFencedSQL with a nil Cluster begins a plain
+// transaction and returns token 0, on either kind of pool.
+func TestBeginFencedSQLWithoutInit(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	for _, open := range []func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB{clusterpgx.OpenDB, stdlib.OpenDB} {
+		app := openSQL(t, tg, open, nil)
+		tx, token, err := clusterpgx.BeginFencedSQL(ctx, nil, app, nil)
+		if err != nil || token != 0 {
+			t.Fatalf("BeginFencedSQL without Init = %d, %v; want 0, nil", token, err)
+		}
+		if !inTransaction(t, tx) {
+			t.Error("BeginFencedSQL without Init returned no transaction block")
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// NewStdlibProvider takes a database/sql pool of pgx's stdlib driver,
+// however it was opened, and its followers hear releases: one takes over
+// on the notification, long before its next poll. A pool of another
+// driver is refused.
+func TestStdlibProviderHearsReleases(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 0)
+	fromPool := func(cc pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
+		cfg, err := pgxpool.ParseConfig(tg.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return clusterpgx.OpenDBFromPool(pool, opts...)
+	}
+	for _, pool := range []struct {
+		name string
+		open func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB
+	}{
+		{"stdlib.OpenDB", stdlib.OpenDB},
+		{"clusterpgx.OpenDB", clusterpgx.OpenDB},
+		{"clusterpgx.OpenDBFromPool", fromPool},
+	} {
+		t.Run(pool.name, func(t *testing.T) {
+			member := func(id string) *cluster.Cluster {
+				p, err := clusterpgx.NewStdlibProvider(openSQL(t, tg, pool.open, nil), tg.Prefix)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := cluster.Config{NodeID: id, Provider: p, Logger: testdb.Logger(t)}
+				longPoll(&cfg)
+				c, err := cluster.New(ctx, cfg)
+				if err != nil {
+					t.Fatalf("New(%s): %v", id, err)
+				}
+				t.Cleanup(func() { c.Shutdown(context.Background()) })
+				return c
+			}
+			a, b := member("a-"+pool.name), member("b-"+pool.name)
+			if !a.IsLeader() && !b.IsLeader() {
+				t.Fatal("neither member leads")
+			}
+			follower := b
+			if b.IsLeader() {
+				follower = a
+			}
+			waitFor(t, 3*time.Second, "the follower to hear releases", func() bool { return follower.Stats().HearingReleases })
+			time.Sleep(100 * time.Millisecond) // let its first attempt, made at start, land
+			expireQuietly(t, admin, tg)
+			if _, err := admin.Exec(ctx, "SELECT pg_notify($1, 'leader')", tg.Prefix+"lease"); err != nil {
+				t.Fatal(err)
+			}
+			took := waitFor(t, 2*time.Second, "the follower to take over on the notification", follower.IsLeader)
+			t.Logf("the follower led %v after the notification (its poll: up to 6s)", took.Round(time.Millisecond))
+			a.Shutdown(ctx)
+			b.Shutdown(ctx)
+		})
+	}
+	sqlite := testdb.New(t, cluster.SQLite)
+	if _, err := clusterpgx.NewStdlibProvider(sqlite.Open(t), ""); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Errorf("NewStdlibProvider on a SQLite pool = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := clusterpgx.NewStdlibProvider(nil, ""); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Errorf("NewStdlibProvider(nil) = %v, want ErrInvalidConfig", err)
+	}
+}
