@@ -89,7 +89,10 @@ func OpenDBFromPool(pool *pgxpool.Pool, opts ...stdlib.OptionOpenDB) *sql.DB {
 // token of the term it verified, for the rows the transaction writes. On
 // a pool opened by [OpenDB] or [OpenDBFromPool] the BEGIN and the fence go
 // to the server in one round trip, so the fenced transaction takes no more
-// round trips than the same one begun with db.BeginTx; on any other
+// round trips than the same one begun with db.BeginTx (once pgx has
+// prepared the two statements on the connection, in its default mode; the
+// first fence on a connection prepares them in a round trip of its own,
+// as [BeginFenced] does); on any other
 // *sql.DB (pgx's stdlib.OpenDB, sql.Open, another dialect) it begins the
 // transaction and then fences it, one round trip more, with the same
 // result.
@@ -105,7 +108,7 @@ func OpenDBFromPool(pool *pgxpool.Pool, opts ...stdlib.OptionOpenDB) *sql.DB {
 //		return err
 //	}
 //	defer tx.Rollback()
-//	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
+//	err = queries.WithTx(tx).InsertOrder(ctx, store.InsertOrderParams{..., FencingToken: int64(token)})
 //	return tx.Commit()
 func BeginFencedSQL(ctx context.Context, c *cluster.Cluster, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
 	if db == nil {
@@ -212,7 +215,9 @@ func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 	if opts.ReadOnly {
 		pgxOpts.AccessMode = pgx.ReadOnly
 	}
-	tx, token, err := BeginFenced(ctx, req.c, pc, pgxOpts)
+	// The request is this call's: a Fencer that began a transaction of
+	// its own on this pool, in the context it is given, begins a plain one.
+	tx, token, err := BeginFenced(context.WithValue(ctx, fencedBeginKey{}, (*fencedBegin)(nil)), req.c, pc, pgxOpts)
 	if err != nil {
 		return nil, err
 	}

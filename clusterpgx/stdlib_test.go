@@ -35,6 +35,42 @@ func openSQL(t *testing.T, tg testdb.Target, open func(pgx.ConnConfig, ...stdlib
 	return db
 }
 
+// openFromPool is clusterpgx.OpenDBFromPool over a pgxpool on tg of at
+// most maxConns connections (0: pgxpool's default), with the
+// ConnConfig's tracer.
+func openFromPool(t *testing.T, tg testdb.Target, maxConns int32) func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB {
+	return func(cc pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
+		cfg, err := pgxpool.ParseConfig(tg.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.Tracer = cc.Tracer
+		if maxConns > 0 {
+			cfg.MaxConns = maxConns
+		}
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return clusterpgx.OpenDBFromPool(pool, opts...)
+	}
+}
+
+// backendPID is the server process of q's connection.
+func backendPID(t *testing.T, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var pid int
+	if err := q.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatalf("reading the backend pid (a connection not given back?): %v", err)
+	}
+	return pid
+}
+
 // inTransaction reports whether q (a transaction, or a pool of one
 // connection) runs its statements inside a transaction block: only there
 // can a savepoint be set (elsewhere PostgreSQL refuses, 25P01).
@@ -101,14 +137,32 @@ func TestBeginFencedSQL(t *testing.T) {
 		wantSends string
 	}{
 		{"clusterpgx.OpenDB", clusterpgx.OpenDB, true, "one batch of the BEGIN and the fence, nothing else"},
+		{"clusterpgx.OpenDBFromPool", openFromPool(t, tg, 1), true, "one batch of the BEGIN and the fence, nothing else"},
 		{"stdlib.OpenDB", stdlib.OpenDB, false, "the BEGIN, then the fence, no batch"},
 	} {
 		t.Run(pool.name, func(t *testing.T) {
 			log := &sentLog{}
 			app := openSQL(t, tg, pool.open, log)
 			app.SetMaxOpenConns(1) // so that the probes run on the connection BeginFencedSQL used
-			if err := app.PingContext(ctx); err != nil {
-				t.Fatal(err)
+			pid := backendPID(t, app)
+			// A refused call gives the same connection back, out of any
+			// transaction (stdlib would discard one left in a transaction
+			// when it is next used, and its lease row lock with it; a
+			// connection kept idle in the pool would hold the lock meanwhile).
+			givenBack := func(what string) {
+				t.Helper()
+				if n := app.Stats().InUse; n != 0 {
+					t.Errorf("%s: %d connections in use; want 0", what, n)
+				}
+				if err := lockable(); err != nil {
+					t.Errorf("%s: the lease row is locked: %v", what, err)
+				}
+				if got := backendPID(t, app); got != pid {
+					t.Errorf("%s: the pool's connection was replaced (server process %d, was %d): it was left in a transaction", what, got, pid)
+				}
+				if inTransaction(t, app) {
+					t.Errorf("%s left its transaction open", what)
+				}
 			}
 			log.reset()
 			tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
@@ -119,13 +173,16 @@ func TestBeginFencedSQL(t *testing.T) {
 				t.Errorf("BeginFencedSQL returned token %d; the leader's is %d", token, a.FencingToken())
 			}
 			batches, singles := log.reset()
+			var sentRight bool
 			if pool.oneBatch {
-				if len(batches) != 1 || len(batches[0]) != 2 || !strings.HasPrefix(strings.ToLower(batches[0][0]), "begin") ||
-					!strings.Contains(batches[0][1], tg.Prefix+"lease") || len(singles) != 0 {
-					t.Fatalf("BeginFencedSQL sent batches %q and statements %q; want %s", batches, singles, pool.wantSends)
-				}
-			} else if len(batches) != 0 || len(singles) != 2 || !strings.HasPrefix(strings.ToLower(singles[0]), "begin") ||
-				!strings.Contains(singles[1], tg.Prefix+"lease") {
+				sentRight = len(batches) == 1 && len(batches[0]) == 2 && strings.HasPrefix(strings.ToLower(batches[0][0]), "begin") &&
+					strings.Contains(batches[0][1], tg.Prefix+"lease") && len(singles) == 0
+			} else {
+				sentRight = len(batches) == 0 && len(singles) == 2 && strings.HasPrefix(strings.ToLower(singles[0]), "begin") &&
+					strings.Contains(singles[1], tg.Prefix+"lease")
+			}
+			if !sentRight {
+				tx.Rollback() // or the pgxpool's Close, at cleanup, waits for it
 				t.Fatalf("BeginFencedSQL sent batches %q and statements %q; want %s", batches, singles, pool.wantSends)
 			}
 			if err := lockable(); !isLockNotAvailable(err) {
@@ -143,50 +200,72 @@ func TestBeginFencedSQL(t *testing.T) {
 			if err := lockable(); err != nil {
 				t.Errorf("the lease row is still locked after the commit: %v", err)
 			}
-			if inTransaction(t, app) {
-				t.Error("the connection is still in a transaction after the commit")
-			}
+			givenBack("a committed BeginFencedSQL")
 
 			// Options reach the BEGIN.
-			tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: sql.LevelSerializable})
-			if err != nil {
-				t.Fatal(err)
+			for level, want := range map[sql.IsolationLevel]string{
+				sql.LevelDefault:        "read committed",
+				sql.LevelReadCommitted:  "read committed",
+				sql.LevelRepeatableRead: "repeatable read",
+				sql.LevelSerializable:   "serializable",
+			} {
+				tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: level})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var iso string
+				if err := tx.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil || iso != want {
+					t.Errorf("isolation in a BeginFencedSQL at %v = %q (%v), want %q", level, iso, err, want)
+				}
+				if err := tx.Rollback(); err != nil {
+					t.Fatal(err)
+				}
 			}
-			var iso string
-			if err := tx.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil || iso != "serializable" {
-				t.Errorf("isolation in a serializable BeginFencedSQL = %q (%v)", iso, err)
-			}
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
-			if err := lockable(); err != nil {
-				t.Errorf("the lease row is still locked after the rollback: %v", err)
-			}
+			givenBack("a rolled back BeginFencedSQL")
 			// A read-only transaction cannot hold the lease row: refused,
 			// and nothing left open.
 			tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{ReadOnly: true})
 			if !errors.Is(err, cluster.ErrReadOnly) || tx != nil {
 				t.Errorf("a read-only BeginFencedSQL = %v, %v; want nil and ErrReadOnly", tx, err)
 			}
-			if n := app.Stats().InUse; n != 0 {
-				t.Errorf("%d connections in use after a refused BeginFencedSQL; want 0", n)
-			}
-			if inTransaction(t, app) {
-				t.Error("a refused BeginFencedSQL left its transaction open")
-			}
+			givenBack("a read-only BeginFencedSQL")
 			// An isolation level PostgreSQL lacks: an error, nothing open.
 			if _, _, err := clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: sql.LevelLinearizable}); err == nil {
 				t.Error("BeginFencedSQL with LevelLinearizable succeeded")
 			}
-			if inTransaction(t, app) {
-				t.Error("a BeginFencedSQL with a bad isolation level left a transaction open")
+			givenBack("a BeginFencedSQL with a bad isolation level")
+			// A deadline that passes while the fence waits for the lease
+			// row (another transaction holds it for update): an error,
+			// nothing left locked or in use, and the pool still works.
+			hold, err := admin.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
 			}
-			// A cancelled context: an error, and the pool still works.
-			cctx, cancel := context.WithCancel(ctx)
+			if _, err := hold.Exec(ctx, "SELECT 1 FROM "+tg.Prefix+"lease FOR UPDATE"); err != nil {
+				t.Fatal(err)
+			}
+			dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			if tx, _, err := clusterpgx.BeginFencedSQL(dctx, a, app, nil); err == nil {
+				tx.Rollback()
+				t.Error("BeginFencedSQL succeeded while the lease row was locked for update")
+			}
 			cancel()
-			if _, _, err := clusterpgx.BeginFencedSQL(cctx, a, app, nil); !errors.Is(err, context.Canceled) {
-				t.Errorf("BeginFencedSQL in a cancelled context = %v, want context.Canceled", err)
+			hold.Rollback(ctx)
+			// database/sql rolls back a transaction whose context ended on
+			// a goroutine of its own: give it a moment.
+			if !waitUntil(time.Second, func() bool { return app.Stats().InUse == 0 }) {
+				t.Errorf("%d connections in use after a BeginFencedSQL past its deadline; want 0", app.Stats().InUse)
 			}
+			// The driver closed the connection whose statement it gave up
+			// on; the server process, granted the row once the holder let
+			// go, ends when it finds its client gone, a moment later.
+			if !waitUntil(2*time.Second, func() bool { return lockable() == nil }) {
+				t.Errorf("the lease row is still locked 2s after a BeginFencedSQL past its deadline: %v", lockable())
+			}
+			if inTransaction(t, app) {
+				t.Error("a BeginFencedSQL past its deadline left its transaction open")
+			}
+			pid = backendPID(t, app) // the driver may have closed the connection it cancelled on
 			// A plain BeginTx on the same pool is stdlib's.
 			log.reset()
 			plain, err := app.BeginTx(ctx, nil)
@@ -213,7 +292,7 @@ func TestBeginFencedSQL(t *testing.T) {
 		t.Fatalf("want b leading and a still believing it does: a %v, b %v", a.IsLeader(), b.IsLeader())
 	}
 	f := node(t, tg, newPool(t, tg, 0), "f", slow)
-	for i, open := range []func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB{clusterpgx.OpenDB, stdlib.OpenDB} {
+	for i, open := range []func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB{clusterpgx.OpenDB, openFromPool(t, tg, 1), stdlib.OpenDB} {
 		app := openSQL(t, tg, open, nil)
 		app.SetMaxOpenConns(1)
 		// a may have learnt of the takeover by the second pool (its
@@ -222,19 +301,23 @@ func TestBeginFencedSQL(t *testing.T) {
 		if i > 0 {
 			want = cluster.ErrNotLeader
 		}
+		pid := backendPID(t, app)
 		tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
 		if !errors.Is(err, want) || tx != nil || token != 0 {
 			t.Fatalf("BeginFencedSQL by the stale leader = %v, %d, %v; want nil, 0, %v", tx, token, err, want)
 		}
-		if inTransaction(t, app) {
-			t.Error("a stale BeginFencedSQL left its transaction open")
+		if err := lockable(); err != nil {
+			t.Errorf("the lease row is locked after a stale BeginFencedSQL: %v", err)
+		}
+		if got := backendPID(t, app); got != pid || inTransaction(t, app) {
+			t.Errorf("a stale BeginFencedSQL left its transaction open (server process %d, was %d)", got, pid)
 		}
 		// A follower is refused too.
 		if _, _, err := clusterpgx.BeginFencedSQL(ctx, f, app, nil); !errors.Is(err, cluster.ErrNotLeader) {
 			t.Fatalf("BeginFencedSQL by a follower = %v, want ErrNotLeader", err)
 		}
-		if inTransaction(t, app) {
-			t.Error("a follower's BeginFencedSQL left its transaction open")
+		if got := backendPID(t, app); got != pid || inTransaction(t, app) {
+			t.Errorf("a follower's BeginFencedSQL left its transaction open (server process %d, was %d)", got, pid)
 		}
 		tx, token, err = clusterpgx.BeginFencedSQL(ctx, b, app, nil)
 		if err != nil || token != b.FencingToken() {
@@ -248,8 +331,8 @@ func TestBeginFencedSQL(t *testing.T) {
 		}
 	}
 	var n int
-	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 4 {
-		t.Fatalf("%d orders committed (%v); want two from a and two from b", n, err)
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 6 {
+		t.Fatalf("%d orders committed (%v); want three from a and three from b", n, err)
 	}
 }
 
@@ -304,25 +387,13 @@ func TestStdlibProviderHearsReleases(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
 	admin := newPool(t, tg, 0)
-	fromPool := func(cc pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
-		cfg, err := pgxpool.ParseConfig(tg.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return clusterpgx.OpenDBFromPool(pool, opts...)
-	}
 	for _, pool := range []struct {
 		name string
 		open func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB
 	}{
 		{"stdlib.OpenDB", stdlib.OpenDB},
 		{"clusterpgx.OpenDB", clusterpgx.OpenDB},
-		{"clusterpgx.OpenDBFromPool", fromPool},
+		{"clusterpgx.OpenDBFromPool", openFromPool(t, tg, 0)},
 	} {
 		t.Run(pool.name, func(t *testing.T) {
 			member := func(id string) *cluster.Cluster {
