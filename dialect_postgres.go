@@ -16,7 +16,8 @@ import (
 // advisory lock. pgx cancels a statement on the server when its context
 // ends, so lease statements need no other bound.
 type postgres struct {
-	q struct {
+	scratch string // the warm-up's scratch lease name ends with it
+	q       struct {
 		queries
 		CurrentSchema string `sql:"current_schema"` // (none)
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
@@ -33,8 +34,35 @@ func newPostgres(prefix string) dialect {
 	if strings.Contains(d.q.Acquire, "$grant$") || !strings.Contains(d.q.Warm, "{{acquire}}") {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
-	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", newInstanceID()).Replace(d.q.Warm)
+	d.scratch = newInstanceID()
+	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
 	return d
+}
+
+// warmListener readies conn, a listening connection, for the attempt of a
+// named successor that it will run (ListenConnPool): in a transaction it
+// rolls back, the acquire statement grants a scratch lease twice (the
+// warm query's name and steps), so that pgx has prepared the statement
+// on the connection, as it does each statement it runs, and the session
+// has planned the grant and compiled the triggers, as the warm query does
+// for the pool's sessions. No real lease is touched and nothing notifies
+// (a NOTIFY of a transaction rolled back is never sent).
+func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	var err error
+	for range 2 {
+		var r row
+		var granted, warm bool
+		err = conn.QueryRow(ctx, d.q.Acquire, "", "", int64(0), "", " sqlfence warm-up "+d.scratch).
+			Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now, &warm)
+		if err != nil {
+			break
+		}
+	}
+	_, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	return errors.Join(err, rerr)
 }
 
 func (d *postgres) name() Dialect     { return Postgres }

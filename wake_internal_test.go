@@ -227,3 +227,74 @@ func TestListenerHearsGrants(t *testing.T) {
 		t.Fatalf("woken %d times after a release with no grant; want 1", n)
 	}
 }
+
+// The listening connection is lent to one attempt at most: an attempt
+// that takes it has it until it gives it back, however long that is or
+// whatever happens to the listener's context; one not taken within
+// lendWait is taken back, so that no later attempt finds it; a second
+// listener of the provider does not lend while the first does.
+func TestLendListener(t *testing.T) {
+	type listenConn struct{ Querier }
+	p := &DBProvider{lent: make(chan lentConn, 1)}
+	lend := func(ctx context.Context, q Querier) (woken, returned chan struct{}) {
+		woken, returned = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(returned)
+			p.lendListener(ctx, q, func() { close(woken) })
+		}()
+		return woken, returned
+	}
+	conn := listenConn{}
+
+	// Taken: held past lendWait and past the context's end, until given back.
+	ctx, cancel := context.WithCancel(context.Background())
+	woken, returned := lend(ctx, conn)
+	<-woken
+	var got Querier
+	var giveBack func()
+	select {
+	case l := <-p.lent:
+		got, giveBack = l.q, func() { close(l.done) }
+	default:
+		t.Fatal("nothing on offer after the wake")
+	}
+	if got != conn {
+		t.Fatalf("the attempt got %v, not the listening connection", got)
+	}
+	cancel()
+	select {
+	case <-returned:
+		t.Fatal("the listener took its connection back while an attempt used it")
+	case <-time.After(3 * lendWait):
+	}
+	giveBack()
+	select {
+	case <-returned:
+	case <-time.After(time.Second):
+		t.Fatal("the listener did not go on after the attempt gave its connection back")
+	}
+
+	// Not taken: taken back after lendWait, nothing left on offer.
+	start := time.Now()
+	woken, returned = lend(context.Background(), conn)
+	<-woken
+	<-returned
+	if waited := time.Since(start); waited < lendWait {
+		t.Errorf("an offer nobody took was withdrawn after %v; want lendWait (%v)", waited, lendWait)
+	}
+	if len(p.lent) != 0 {
+		t.Error("an offer nobody took is still on offer")
+	}
+
+	// A second listener while the first lends: it wakes, lends nothing.
+	woken1, returned1 := lend(context.Background(), conn)
+	<-woken1
+	woken2, returned2 := lend(context.Background(), listenConn{})
+	<-woken2
+	select {
+	case <-returned2:
+	case <-time.After(lendWait / 2):
+		t.Error("a second listener waited to lend while the first's offer stood")
+	}
+	<-returned1
+}

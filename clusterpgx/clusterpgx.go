@@ -337,12 +337,18 @@ func (r pgxRows) Close() error {
 // poolAdapter is a cluster.Pool over a pgxpool; it can LISTEN.
 type poolAdapter struct{ p *pgxpool.Pool }
 
-var _ cluster.ListenPool = poolAdapter{}
+var _ cluster.ListenConnPool = poolAdapter{}
 
 // Listen implements [cluster.ListenPool] on a connection taken out of the
 // pool for good (hijacked) and closed when Listen returns, so no pooled
 // connection is left listening.
 func (a poolAdapter) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
+	return a.ListenConn(ctx, channel, func(cluster.Querier) { ready() }, func(payload string, _ cluster.Querier) { notify(payload) })
+}
+
+// ListenConn implements [cluster.ListenConnPool]: Listen, lending the
+// listening connection to ready and notify.
+func (a poolAdapter) ListenConn(ctx context.Context, channel string, ready func(cluster.Querier), notify func(string, cluster.Querier)) error {
 	pc, err := a.p.Acquire(ctx)
 	if err != nil {
 		return err
@@ -352,12 +358,14 @@ func (a poolAdapter) Listen(ctx context.Context, channel string, ready func(), n
 	return listen(ctx, conn, channel, ready, notify)
 }
 
-// listen LISTENs on conn until ctx is done (nil) or conn fails.
-func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), notify func(string)) error {
+// listen LISTENs on conn until ctx is done (nil) or conn fails, handing
+// ready and notify conn for statements of their own.
+func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(cluster.Querier), notify func(string, cluster.Querier)) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return err
 	}
-	ready()
+	q := querier{conn}
+	ready(q)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -366,7 +374,7 @@ func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), n
 			}
 			return err
 		}
-		notify(n.Payload)
+		notify(n.Payload, q)
 	}
 }
 

@@ -3,6 +3,7 @@ package clusterpgx_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,7 +38,8 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	ctx := context.Background()
 	admin := newPool(t, tg, 0)
 	attempts := make(chan time.Time, 64) // a's refused acquisitions
-	a := node(t, tg, newPool(t, tg, 0), "a", func(c *cluster.Config) {
+	listeners := &listenerPIDs{}         // a's listening connections' server processes
+	a := node(t, tg, tracedPool(t, tg, listeners), "a", func(c *cluster.Config) {
 		longPoll(c)
 		c.Observer = func(o cluster.Operation) {
 			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
@@ -71,7 +73,7 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	go func() {
 		defer close(killed)
 		for killCtx.Err() == nil {
-			admin.Exec(killCtx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1", `LISTEN "`+tg.Prefix+`lease"`)
+			admin.Exec(killCtx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1)", listeners.all())
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
@@ -99,6 +101,35 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	stopKilling()
 	<-killed
 	waitFor(t, 5*time.Second, "the listeners to come back", func() bool { return b.Stats().HearingReleases })
+}
+
+// listenerPIDs records the server processes of the connections that ran
+// a LISTEN (a connection's last statement is not always its LISTEN: the
+// listening connection also runs the named successor's attempt).
+type listenerPIDs struct {
+	mu   sync.Mutex
+	pids []uint32
+}
+
+func (l *listenerPIDs) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "LISTEN ") {
+		l.mu.Lock()
+		l.pids = append(l.pids, conn.PgConn().PID())
+		l.mu.Unlock()
+	}
+	return ctx
+}
+
+func (l *listenerPIDs) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *listenerPIDs) all() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []int64
+	for _, p := range l.pids {
+		out = append(out, int64(p))
+	}
+	return out
 }
 
 // waitUntil polls cond until it holds or timeout passes, and reports
@@ -443,5 +474,89 @@ func TestLeaderRunsReleaseAheadOncePerTerm(t *testing.T) {
 	defer cancel()
 	if n, err := listener.WaitForNotification(wctx); err == nil {
 		t.Fatalf("a third notification %q: a run ahead notified", n.Payload)
+	}
+}
+
+// connLog records which connection ran each statement.
+type connLog struct {
+	mu    sync.Mutex
+	stmts []connStmt
+}
+
+type connStmt struct {
+	conn *pgx.Conn
+	sql  string
+}
+
+func (l *connLog) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stmts = append(l.stmts, connStmt{conn, d.SQL})
+	return ctx
+}
+
+func (l *connLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *connLog) all() []connStmt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]connStmt(nil), l.stmts...)
+}
+
+// The follower a release names its successor makes its attempt on its
+// listening connection, whose session has just delivered the
+// notification (and was warmed when it began listening), not on a pooled
+// one; and that connection goes on listening.
+func TestSuccessorAttemptsOnListeningConnection(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 0)
+	log := &connLog{}
+	a := node(t, tg, newPool(t, tg, 0), "a", longPoll)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	b := node(t, tg, tracedPool(t, tg, log), "b", longPoll)
+	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
+	time.Sleep(100 * time.Millisecond) // let b's first attempt, made at start, land
+	var listening *pgx.Conn
+	for _, s := range log.all() {
+		if strings.HasPrefix(s.sql, "LISTEN ") {
+			listening = s.conn
+		}
+	}
+	if listening == nil {
+		t.Fatal("b's pool ran no LISTEN")
+	}
+	before := len(log.all())
+
+	// An operator's release, in another process as far as b knows: it
+	// hears of it only by LISTEN, and is named (the only other member).
+	var successor string
+	if err := admin.QueryRow(ctx, "SELECT successor FROM "+tg.Prefix+"release($1, NULL, NULL, NULL)", "leader").Scan(&successor); err != nil {
+		t.Fatal(err)
+	}
+	if successor == "" {
+		t.Fatal("the release named no successor; want b, the only other member")
+	}
+	took := waitFor(t, time.Second, "b to take over", b.IsLeader)
+	t.Logf("b led %v after the release", took.Round(time.Millisecond))
+	var attempts []bool // whether each attempt after the release ran on the listening connection
+	for _, s := range log.all()[before:] {
+		if strings.Contains(s.sql, "acquire(") {
+			attempts = append(attempts, s.conn == listening)
+		}
+	}
+	if len(attempts) == 0 || !attempts[0] {
+		t.Fatalf("b's attempts after the release, on its listening connection or not: %v; want the first on it", attempts)
+	}
+	// It still hears: a release of b's term by the operator wakes a.
+	waitFor(t, 5*time.Second, "a to hear releases", func() bool { return a.Stats().HearingReleases && !a.IsLeader() })
+	if err := admin.QueryRow(ctx, "SELECT successor FROM "+tg.Prefix+"release($1, NULL, NULL, NULL)", "leader").Scan(&successor); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "a to take over", a.IsLeader)
+	if !b.Stats().HearingReleases {
+		t.Error("b stopped hearing releases after lending its listening connection")
 	}
 }
