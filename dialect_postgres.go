@@ -16,8 +16,9 @@ import (
 // advisory lock. pgx cancels a statement on the server when its context
 // ends, so lease statements need no other bound.
 type postgres struct {
-	scratch string // the warm-up's scratch lease name ends with it
-	q       struct {
+	scratch  string // the warm-up's scratch lease name ends with it
+	warmFlag string // the session setting the warm query sets
+	q        struct {
 		queries
 		CurrentSchema string `sql:"current_schema"` // (none)
 		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
@@ -34,7 +35,7 @@ func newPostgres(prefix string) dialect {
 	if strings.Contains(d.q.Acquire, "$grant$") || !strings.Contains(d.q.Warm, "{{acquire}}") {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
-	d.scratch = newInstanceID()
+	d.scratch, d.warmFlag = newInstanceID(), "sqlfence."+prefix+"warm"
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
 	return d
 }
@@ -61,8 +62,18 @@ func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
 			break
 		}
 	}
-	_, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-	return errors.Join(err, rerr)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+		return errors.Join(err, rerr) // pgx closes a connection whose statement it gave up on
+	}
+	if err != nil {
+		return err
+	}
+	// Mark the session warm, as the warm query does, or a refused
+	// attempt on it would run that query too.
+	_, err = conn.Exec(ctx, "SELECT set_config($1, '1', false)", d.warmFlag)
+	return err
 }
 
 func (d *postgres) name() Dialect     { return Postgres }

@@ -55,10 +55,11 @@ type DBProvider struct {
 	// releaseWarmed maps a lease name to the fencing token (uint64) of
 	// its last term whose release statement warmRelease ran.
 	releaseWarmed sync.Map
-	// lent hands the listening connection (ListenConnPool) to the
-	// attempt of a follower that a release named its successor; see
-	// lendListener.
-	lent chan lentConn
+	// offer is the listening connection (ListenConnPool) on offer to the
+	// attempt of a follower that a release named its successor, or nil;
+	// see lendListener.
+	lendMu sync.Mutex
+	offer  *lentConn
 }
 
 const (
@@ -119,7 +120,7 @@ func NewSQLProvider(pool Pool, dialect Dialect, tablePrefix string) (*DBProvider
 	if err != nil {
 		return nil, err
 	}
-	return &DBProvider{pool: pool, d: d, q: d.queries(), prefix: cfg.TablePrefix, log: slog.Default(), lent: make(chan lentConn, 1)}, nil
+	return &DBProvider{pool: pool, d: d, q: d.queries(), prefix: cfg.TablePrefix, log: slog.Default()}, nil
 }
 
 func newDBProvider(db *sql.DB, d Dialect, prefix string, log *slog.Logger) *DBProvider {
@@ -127,7 +128,7 @@ func newDBProvider(db *sql.DB, d Dialect, prefix string, log *slog.Logger) *DBPr
 	if err != nil {
 		panic(err) // resolved by Config.resolve
 	}
-	return &DBProvider{pool: sqlPool{db}, d: dl, q: dl.queries(), prefix: prefix, log: log, lent: make(chan lentConn, 1)}
+	return &DBProvider{pool: sqlPool{db}, d: dl, q: dl.queries(), prefix: prefix, log: log}
 }
 
 // Dialect returns the SQL dialect the provider speaks.
@@ -320,7 +321,7 @@ func (p *DBProvider) conn(ctx context.Context) (Querier, func(), error) {
 
 // Acquire implements [Provider].
 func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, error) {
-	conn, release, err := p.acquireConn(ctx)
+	conn, release, err := p.acquireConn(ctx, req)
 	if err != nil {
 		return Lease{}, err
 	}

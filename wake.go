@@ -50,11 +50,12 @@ type listenWarmer interface {
 	warmListener(ctx context.Context, conn Querier) error
 }
 
-// A lentConn is the listening connection, lent to one attempt, which
-// closes done when it no longer uses it.
+// A lentConn is the listening connection, lent to the attempt of one
+// instance on one lease, which closes done when it no longer uses it.
 type lentConn struct {
-	q    Querier
-	done chan struct{}
+	q              Querier
+	name, instance string
+	done           chan struct{}
 }
 
 // lendWait is how long the listener offers its connection to the attempt
@@ -63,18 +64,22 @@ type lentConn struct {
 // the connection's buffer.
 const lendWait = 5 * time.Millisecond
 
-// lendListener offers conn, the listening connection, to the next
-// attempt (acquireConn), then calls wake, which starts that attempt; if
-// the attempt takes conn within lendWait, it waits until the attempt is
-// done with it, else it takes its offer back.
-func (p *DBProvider) lendListener(ctx context.Context, conn Querier, wake func()) {
-	l := lentConn{q: conn, done: make(chan struct{})}
-	select {
-	case p.lent <- l:
-	default: // another listener of this provider lends its own
+// lendListener offers conn, the listening connection, to the next attempt
+// of instance on lease name (takeOffer), then calls wake, which starts
+// that attempt; if the attempt takes conn within lendWait, it waits until
+// the attempt is done with it, else it takes its offer back. A provider
+// has one offer at a time: another listener's (several Clusters on one
+// provider) makes this one wake without lending.
+func (p *DBProvider) lendListener(ctx context.Context, conn Querier, name, instance string, wake func()) {
+	l := &lentConn{q: conn, name: name, instance: instance, done: make(chan struct{})}
+	p.lendMu.Lock()
+	if p.offer != nil {
+		p.lendMu.Unlock()
 		wake()
 		return
 	}
+	p.offer = l
+	p.lendMu.Unlock()
 	wake()
 	t := time.NewTimer(lendWait)
 	defer t.Stop()
@@ -84,20 +89,36 @@ func (p *DBProvider) lendListener(ctx context.Context, conn Querier, wake func()
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	select {
-	case <-p.lent: // not taken: back
-	default:
-		<-l.done // taken meanwhile
+	p.lendMu.Lock()
+	mine := p.offer == l
+	if mine {
+		p.offer = nil
+	}
+	p.lendMu.Unlock()
+	if !mine {
+		<-l.done // taken meanwhile: the attempt still uses it
 	}
 }
 
-// acquireConn is the connection of an attempt: the listening connection
-// if it is on offer (lendListener), else one of the pool's.
-func (p *DBProvider) acquireConn(ctx context.Context) (Querier, func(), error) {
-	select {
-	case l := <-p.lent:
+// takeOffer takes the listening connection on offer if it is for req's
+// attempt (its lease and instance, not a routine poll), else returns nil.
+func (p *DBProvider) takeOffer(req LeaseRequest) *lentConn {
+	p.lendMu.Lock()
+	defer p.lendMu.Unlock()
+	l := p.offer
+	if l == nil || req.Poll || l.name != req.Name || l.instance != req.Instance {
+		return nil
+	}
+	p.offer = nil
+	return l
+}
+
+// acquireConn is the connection of req's attempt: the listening
+// connection if it is on offer for it (lendListener), else one of the
+// pool's.
+func (p *DBProvider) acquireConn(ctx context.Context, req LeaseRequest) (Querier, func(), error) {
+	if l := p.takeOffer(req); l != nil {
 		return l.q, func() { close(l.done) }, nil
-	default:
 	}
 	return p.conn(ctx)
 }
@@ -337,8 +358,8 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 			case lease != name:
 			case ok:
 				named = true
-				if successor == instance && conn != nil && p.lent != nil {
-					p.lendListener(ctx, conn, func() { hear(successor) })
+				if successor == instance && conn != nil {
+					p.lendListener(ctx, conn, name, instance, func() { hear(successor) })
 				} else {
 					hear(successor)
 				}

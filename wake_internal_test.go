@@ -228,68 +228,82 @@ func TestListenerHearsGrants(t *testing.T) {
 	}
 }
 
-// The listening connection is lent to one attempt at most: an attempt
-// that takes it has it until it gives it back, however long that is or
-// whatever happens to the listener's context; one not taken within
-// lendWait is taken back, so that no later attempt finds it; a second
-// listener of the provider does not lend while the first does.
+// The listening connection is lent to one attempt at most, of the
+// instance and lease it was offered for: an attempt that takes it has it
+// until it gives it back, however long that is or whatever happens to the
+// listener's context; one not taken within lendWait is taken back, so
+// that no later attempt finds it; a second listener of the provider lends
+// nothing while the first's offer stands, and one that lends after the
+// first's was taken takes back its own offer only.
 func TestLendListener(t *testing.T) {
-	type listenConn struct{ Querier }
-	p := &DBProvider{lent: make(chan lentConn, 1)}
-	lend := func(ctx context.Context, q Querier) (woken, returned chan struct{}) {
+	type listenConn struct {
+		Querier
+		id int
+	}
+	p := &DBProvider{}
+	lend := func(ctx context.Context, q Querier, instance string) (woken, returned chan struct{}) {
 		woken, returned = make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(returned)
-			p.lendListener(ctx, q, func() { close(woken) })
+			p.lendListener(ctx, q, "leader", instance, func() { close(woken) })
 		}()
 		return woken, returned
 	}
-	conn := listenConn{}
+	req := func(instance string) LeaseRequest { return LeaseRequest{Name: "leader", Instance: instance} }
+	connA, connB := listenConn{id: 1}, listenConn{id: 2}
 
-	// Taken: held past lendWait and past the context's end, until given back.
+	// Offered to a's attempt only; taken, it is held past lendWait and
+	// past the context's end, until given back.
 	ctx, cancel := context.WithCancel(context.Background())
-	woken, returned := lend(ctx, conn)
+	woken, returned := lend(ctx, connA, "a")
 	<-woken
-	var got Querier
-	var giveBack func()
-	select {
-	case l := <-p.lent:
-		got, giveBack = l.q, func() { close(l.done) }
-	default:
-		t.Fatal("nothing on offer after the wake")
+	for _, other := range []LeaseRequest{req("b"), {Name: "other", Instance: "a"}, {Name: "leader", Instance: "a", Poll: true}} {
+		if l := p.takeOffer(other); l != nil {
+			t.Fatalf("the attempt %+v took the connection offered to a's named attempt", other)
+		}
 	}
-	if got != conn {
-		t.Fatalf("the attempt got %v, not the listening connection", got)
+	l := p.takeOffer(req("a"))
+	if l == nil || l.q != connA {
+		t.Fatalf("a's attempt got %v, not its listening connection", l)
 	}
 	cancel()
+	// Meanwhile another listener of the provider (b) lends and nobody
+	// takes its offer: it takes back its own, not a's.
+	wokenB, returnedB := lend(context.Background(), connB, "b")
+	<-wokenB
+	<-returnedB
 	select {
 	case <-returned:
-		t.Fatal("the listener took its connection back while an attempt used it")
+		t.Fatal("a's listener went on while its attempt used the connection")
 	case <-time.After(3 * lendWait):
 	}
-	giveBack()
+	if p.offer != nil {
+		t.Errorf("an offer is left after b took its own back: %+v", p.offer)
+	}
+	close(l.done)
 	select {
 	case <-returned:
 	case <-time.After(time.Second):
-		t.Fatal("the listener did not go on after the attempt gave its connection back")
+		t.Fatal("a's listener did not go on after the attempt gave its connection back")
 	}
 
 	// Not taken: taken back after lendWait, nothing left on offer.
 	start := time.Now()
-	woken, returned = lend(context.Background(), conn)
+	woken, returned = lend(context.Background(), connA, "a")
 	<-woken
 	<-returned
 	if waited := time.Since(start); waited < lendWait {
 		t.Errorf("an offer nobody took was withdrawn after %v; want lendWait (%v)", waited, lendWait)
 	}
-	if len(p.lent) != 0 {
+	if p.offer != nil {
 		t.Error("an offer nobody took is still on offer")
 	}
 
-	// A second listener while the first lends: it wakes, lends nothing.
-	woken1, returned1 := lend(context.Background(), conn)
+	// A second listener while the first's offer stands: it wakes, lends
+	// nothing.
+	woken1, returned1 := lend(context.Background(), connA, "a")
 	<-woken1
-	woken2, returned2 := lend(context.Background(), listenConn{})
+	woken2, returned2 := lend(context.Background(), connB, "b")
 	<-woken2
 	select {
 	case <-returned2:
