@@ -101,8 +101,17 @@ func TestMutants(t *testing.T) {
 		}
 		for _, m := range []string{mutantSkipFence, mutantTipGuard, mutantLongTrust, mutantSteal} {
 			t.Run(string(d)+"/"+m, func(t *testing.T) {
+				// The faults aim at the leader, except for steal's, which aim
+				// at random nodes: a steal (every 3 TTLs, by a follower) shows
+				// only beside a leader that still believes it leads, and with
+				// seed 3 SQLite's two leader pauses covered the steals at 6s
+				// and 12s, so the mutant escaped in some runs (CI, 2026-12-02).
+				share := 1.0
+				if m == mutantSteal {
+					share = 0
+				}
 				res := runExperiment(t, &experiment{Dialect: d, DSN: dsn, Seed: 3, Duration: 15 * time.Second, Nodes: 3,
-					Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Mutant: m, Kinds: kinds, LeaderShare: 1})
+					Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Mutant: m, Kinds: kinds, LeaderShare: share})
 				caught := 0
 				for _, a := range res.Anomalies {
 					for _, k := range want[m] {
