@@ -54,11 +54,7 @@ func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
 	}
 	var err error
 	for range 2 {
-		var r row
-		var granted, warm bool
-		err = conn.QueryRow(ctx, d.q.Acquire, "", "", int64(0), "", " sqlfence warm-up "+d.scratch).
-			Scan(&granted, &r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now, &warm)
-		if err != nil {
+		if _, _, err = d.acquire(ctx, conn, LeaseRequest{Name: " sqlfence warm-up " + d.scratch}); err != nil {
 			break
 		}
 	}

@@ -38,8 +38,8 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	ctx := context.Background()
 	admin := newPool(t, tg, 0)
 	attempts := make(chan time.Time, 64) // a's refused acquisitions
-	listeners := &listenerPIDs{}         // a's listening connections' server processes
-	a := node(t, tg, tracedPool(t, tg, listeners), "a", func(c *cluster.Config) {
+	sent := &connLog{}                   // a's statements, to find its listening connections
+	a := node(t, tg, tracedPool(t, tg, sent), "a", func(c *cluster.Config) {
 		longPoll(c)
 		c.Observer = func(o cluster.Operation) {
 			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
@@ -73,7 +73,7 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	go func() {
 		defer close(killed)
 		for killCtx.Err() == nil {
-			admin.Exec(killCtx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1)", listeners.all())
+			admin.Exec(killCtx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1)", sent.listenerPIDs())
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
@@ -101,35 +101,6 @@ func TestNotifyHandoffAndPollingFallback(t *testing.T) {
 	stopKilling()
 	<-killed
 	waitFor(t, 5*time.Second, "the listeners to come back", func() bool { return b.Stats().HearingReleases })
-}
-
-// listenerPIDs records the server processes of the connections that ran
-// a LISTEN (a connection's last statement is not always its LISTEN: the
-// listening connection also runs the named successor's attempt).
-type listenerPIDs struct {
-	mu   sync.Mutex
-	pids []uint32
-}
-
-func (l *listenerPIDs) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(d.SQL, "LISTEN ") {
-		l.mu.Lock()
-		l.pids = append(l.pids, conn.PgConn().PID())
-		l.mu.Unlock()
-	}
-	return ctx
-}
-
-func (l *listenerPIDs) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (l *listenerPIDs) all() []int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []int64
-	for _, p := range l.pids {
-		out = append(out, int64(p))
-	}
-	return out
 }
 
 // waitUntil polls cond until it holds or timeout passes, and reports
@@ -496,6 +467,19 @@ func (l *connLog) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.Tra
 }
 
 func (l *connLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// listenerPIDs are the server processes of the connections that ran a
+// LISTEN (a connection's last statement is not always its LISTEN: the
+// listening connection also runs the named successor's attempt).
+func (l *connLog) listenerPIDs() []int64 {
+	var pids []int64
+	for _, s := range l.all() {
+		if strings.HasPrefix(s.sql, "LISTEN ") {
+			pids = append(pids, int64(s.conn.PgConn().PID()))
+		}
+	}
+	return pids
+}
 
 func (l *connLog) all() []connStmt {
 	l.mu.Lock()
