@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,40 @@ func TestExperiment(t *testing.T) {
 				t.Error("no fault was injected")
 			}
 		})
+	}
+}
+
+// TestExperimentPgx runs the experiment on PostgreSQL through clusterpgx:
+// followers LISTEN, a release names its successor, which attempts on its
+// listening connection, and fenced writes begin with BeginFencedSQL. The
+// nemesis also makes leaders resign, so handoffs happen under partitions,
+// resets and killed sessions (which kill listeners too). Besides finding
+// no anomaly, the nodes must have heard releases, and a resign's handoff
+// must take well under a poll (a heartbeat): a handoff that waited for
+// polls would show a median near half a heartbeat or more.
+func TestExperimentPgx(t *testing.T) {
+	dsn := dialects(t)[cluster.Postgres]
+	if dsn == "" {
+		t.Skip("needs PostgreSQL (CLUSTER_TEST_POSTGRES_DSN)")
+	}
+	res := runExperiment(t, &experiment{Dialect: cluster.Postgres, Stack: stackPgx, DSN: dsn, Seed: 35, Duration: 20 * time.Second, Nodes: 3,
+		Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, LeaderShare: 0.75})
+	for _, a := range res.Anomalies {
+		t.Errorf("%s: %s", a.Kind, a.Detail)
+	}
+	if res.Faults[faultResign] == 0 {
+		t.Fatalf("no resign among %d faults: pick another seed", len(res.FaultList))
+	}
+	if res.Hearing == 0 {
+		t.Error("no node ever heard releases (Stats.HearingReleases): the listeners never started")
+	}
+	if len(res.Handoffs) == 0 {
+		t.Fatal("no resign handoff measured")
+	}
+	h := slices.Clone(res.Handoffs)
+	slices.Sort(h)
+	if p50 := h[len(h)/2]; p50 > testTimings.Heartbeat/4 {
+		t.Errorf("resign handoff p50 %v over %d handoffs (%v): above a quarter of the %v heartbeat, as if followers polled", p50, len(h), h, testTimings.Heartbeat)
 	}
 }
 

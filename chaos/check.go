@@ -53,6 +53,7 @@ type anomaly struct {
 // result is what an experiment found.
 type result struct {
 	Dialect  cluster.Dialect
+	Stack    string `json:",omitempty"`
 	Seed     uint64
 	Duration time.Duration
 	Nodes    int
@@ -73,12 +74,22 @@ type result struct {
 	Heals       int
 	Gaps        []time.Duration // every interval in which no process believed it led
 	Failovers   []time.Duration // from a fault that ended its target's belief to the next belief
+	Handoffs    []time.Duration // the same for resign faults alone
+	Hearing     int             // processes (incarnations) that heard releases at some point (Stats.HearingReleases)
 	LongestGap  string          // the longest interval without a leader, and the faults in force during it
 	MinGap      time.Duration   // the smallest gap between two processes' beliefs
 	Linearized  int             // operations porcupine checked
 	CheckTime   time.Duration
 	ChainRows   int
 	Rows        int
+}
+
+// label is the dialect and, when not database/sql, the stack.
+func (r *result) label() string {
+	if r.Stack == stackSQL {
+		return string(r.Dialect)
+	}
+	return string(r.Dialect) + "+" + r.Stack
 }
 
 func (r *result) add(kind, format string, args ...any) {
@@ -154,6 +165,13 @@ func check(in checkInput) *result {
 		}
 	}
 	res.Failovers = failovers(beliefs, in.faults)
+	var resigns []fault
+	for _, f := range in.faults {
+		if f.Kind == faultResign {
+			resigns = append(resigns, f)
+		}
+	}
+	res.Handoffs = failovers(beliefs, resigns)
 	return res
 }
 
@@ -228,6 +246,10 @@ func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant,
 					continue
 				}
 				o.ret, o.outcome, o.what, o.token, o.seq, o.err = r.T, r.Kind, r.What, r.Token, r.Seq, r.Err
+			case kEvent:
+				if r.What == eventHearing {
+					res.Hearing++
+				}
 			case kGrant:
 				grants = append(grants, grant{proc: p, token: r.Token, from: r.From, to: r.To, what: r.What})
 			case kBelief:

@@ -25,6 +25,7 @@ import (
 // An experiment is one seeded run against one dialect.
 type experiment struct {
 	Dialect     cluster.Dialect
+	Stack       string // how nodes reach the database (stackSQL, or stackPgx on PostgreSQL)
 	DSN         string // server DSN (PostgreSQL, MySQL)
 	Seed        uint64
 	Duration    time.Duration // of the nemesis schedule
@@ -80,6 +81,15 @@ type harness struct {
 	crashes []string // processes that exited when the harness did not end them
 }
 
+// label names the experiment's dialect and, when not database/sql, its
+// stack: "postgres+pgx".
+func (e *experiment) label() string {
+	if e.Stack == stackSQL {
+		return string(e.Dialect)
+	}
+	return string(e.Dialect) + "+" + e.Stack
+}
+
 func (e *experiment) logf(format string, args ...any) {
 	if e.Log != nil {
 		fmt.Fprintf(e.Log, format+"\n", args...)
@@ -93,10 +103,13 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	}
 	kinds := e.Kinds
 	if len(kinds) == 0 {
-		kinds = faultKinds(e.Dialect)
+		kinds = faultKinds(e.Dialect, e.Stack)
 	}
-	if err := allowed(e.Dialect, kinds); err != nil {
+	if err := allowed(e.Dialect, e.Stack, kinds); err != nil {
 		return nil, err
+	}
+	if e.Stack != stackSQL && (e.Stack != stackPgx || e.Dialect != cluster.Postgres) {
+		return nil, fmt.Errorf("stack %q is not available on %s (the pgx stack needs PostgreSQL)", e.Stack, e.Dialect)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -153,7 +166,7 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	}
 	h.waitLeader(ctx, 15*time.Second)
 	start := h.clk.now()
-	e.logf("%s: %d nodes up, prefix %s; %d faults planned over %v", e.Dialect, e.Nodes, prefix, len(plan), e.Duration)
+	e.logf("%s: %d nodes up, prefix %s; %d faults planned over %v", e.label(), e.Nodes, prefix, len(plan), e.Duration)
 	for _, s := range plan {
 		if err := h.apply(ctx, s); err != nil {
 			return nil, err
@@ -187,7 +200,7 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 		res.add(aCrash, "%s", c)
 	}
 	h.mu.Unlock()
-	res.Seed, res.Duration, res.Nodes, res.Mutant, res.Plan = e.Seed, e.Duration, e.Nodes, e.Mutant, len(plan)
+	res.Seed, res.Duration, res.Nodes, res.Mutant, res.Plan, res.Stack = e.Seed, e.Duration, e.Nodes, e.Mutant, len(plan), e.Stack
 	return res, nil
 }
 
@@ -218,7 +231,7 @@ func (h *harness) start(p *proc) error {
 		ID: p.id, Incarnation: p.inc, Dialect: h.tg.dialect, Driver: h.tg.driver, DSN: p.dsn, Prefix: h.tg.prefix,
 		History: base + ".jsonl", Witness: filepath.Join(h.e.Dir, p.id+".witness"), Origin: h.origin,
 		TTL: h.e.Timings.TTL, Heartbeat: h.e.Timings.Heartbeat, FenceTimeout: h.e.Timings.FenceTimeout,
-		Pause: h.e.Pause, StaleWrites: h.e.StaleWrites, WallOffset: p.offset, Mutant: h.e.Mutant,
+		Pause: h.e.Pause, StaleWrites: h.e.StaleWrites, WallOffset: p.offset, Mutant: h.e.Mutant, Stack: h.e.Stack,
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -377,6 +390,11 @@ func (h *harness) apply(ctx context.Context, s step) error {
 		} else {
 			f.Detail += fmt.Sprintf(" (%d sessions)", n)
 		}
+	case faultResign:
+		if p.alive() && !p.stopped {
+			p.signal(syscall.SIGUSR1)
+		}
+		sleepCtx(ctx, s.Hold)
 	case faultClock:
 		p.terminate(10 * time.Second)
 		p.offset = s.Offset

@@ -35,6 +35,10 @@ const (
 	kRefuse = "refuse" // Fence or AdvanceTip refused (detail in Err); also a kFail
 )
 
+// eventHearing is the What of the kEvent a process records the first time
+// its Stats show that it hears releases.
+const eventHearing = "hearing-releases"
+
 // A historyWriter appends records to a file, one write(2) per record and no
 // buffering, so a SIGKILL loses at most the record being written.
 type historyWriter struct {

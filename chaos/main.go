@@ -4,10 +4,12 @@
 // nodes share one file and take process faults only), has a seeded nemesis
 // kill, pause, partition, slow down, reset and restart them, records every
 // write, grant and belief with monotonic timestamps, and checks the merged
-// history and the final database. See RELIABILITY.md at the repository
-// root for what is checked and what the latest runs found.
+// history and the final database. "postgres+pgx" is PostgreSQL through
+// clusterpgx: followers LISTEN, releases name their successor, and leaders
+// also resign. See RELIABILITY.md at the repository root for what is
+// checked and what the latest runs found.
 //
-//	go run . -duration 2m -dialects sqlite,postgres,mysql -seed 1
+//	go run . -duration 2m -dialects sqlite,postgres,postgres+pgx,mysql -seed 1
 //
 // It exits 0 only when the checker finds nothing; its last line is
 // "N ops, M faults, K anomalies" over all dialects.
@@ -52,7 +54,7 @@ func main() {
 func harnessMain(args []string) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	duration := fs.Duration("duration", 2*time.Minute, "length of the nemesis schedule, per dialect")
-	dialects := fs.String("dialects", "sqlite,postgres,mysql", "comma-separated dialects to run, one experiment each")
+	dialects := fs.String("dialects", "sqlite,postgres,postgres+pgx,mysql", "comma-separated dialects to run, one experiment each; postgres+pgx: PostgreSQL through clusterpgx (LISTEN/NOTIFY handoff, BeginFencedSQL)")
 	seed := fs.Uint64("seed", 1, "seed of the nemesis schedule")
 	nodes := fs.Int("nodes", 3, "nodes per experiment, 3 to 5")
 	ttl := fs.Duration("ttl", 2*time.Second, "Config.LeaseTTL")
@@ -61,7 +63,7 @@ func harnessMain(args []string) int {
 	pause := fs.Duration("pause", 20*time.Millisecond, "pause between a leader's writes")
 	stale := fs.Int("stale-writes", 2, "writes under the old token after each term ends, which the database must refuse")
 	mutant := fs.String("mutant", "", "run a mutant the checker must catch: skip-fence, long-trust, steal, tip-guard")
-	faults := fs.String("faults", "", "comma-separated fault kinds (default: every kind the dialect takes)")
+	faults := fs.String("faults", "", "comma-separated fault kinds (default: every kind the dialect takes; resign: drawn by default on postgres+pgx only)")
 	leaderShare := fs.Float64("leader-share", 0.75, "probability that a fault aims at the current leader")
 	pgDSN := fs.String("postgres-dsn", envOr("CLUSTER_TEST_POSTGRES_DSN", defaultPostgresDSN), "PostgreSQL DSN")
 	myDSN := fs.String("mysql-dsn", envOr("CLUSTER_TEST_MYSQL_DSN", defaultMySQLDSN), "MySQL/MariaDB DSN")
@@ -130,10 +132,12 @@ func harnessMain(args []string) int {
 	totalOps, totalFaults, totalAnomalies := 0, 0, 0
 	failed := false
 	for _, d := range strings.Split(*dialects, ",") {
+		d = strings.TrimSpace(d)
+		dialect, stack, _ := strings.Cut(d, "+")
 		e := &experiment{
-			Dialect: cluster.Dialect(strings.TrimSpace(d)), Seed: *seed, Duration: *duration, Nodes: *nodes,
+			Dialect: cluster.Dialect(dialect), Stack: stack, Seed: *seed, Duration: *duration, Nodes: *nodes,
 			Timings: tm, Pause: *pause, StaleWrites: *stale, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare,
-			Dir: filepath.Join(dir, strings.TrimSpace(d)),
+			Dir: filepath.Join(dir, d),
 		}
 		switch e.Dialect {
 		case cluster.Postgres:
@@ -145,10 +149,10 @@ func harnessMain(args []string) int {
 			e.Log = os.Stdout
 		}
 		fmt.Printf("== %s: seed %d, %v, %d nodes, LeaseTTL %v, heartbeat %v, FenceTimeout %v%s\n",
-			e.Dialect, e.Seed, e.Duration, e.Nodes, tm.TTL, tm.Heartbeat, tm.FenceTimeout, mutantNote(*mutant))
+			e.label(), e.Seed, e.Duration, e.Nodes, tm.TTL, tm.Heartbeat, tm.FenceTimeout, mutantNote(*mutant))
 		res, err := e.run(ctx)
 		if err != nil {
-			fmt.Printf("%s: experiment failed: %v\n", e.Dialect, err)
+			fmt.Printf("%s: experiment failed: %v\n", e.label(), err)
 			failed = true
 			continue
 		}

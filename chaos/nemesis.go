@@ -18,20 +18,30 @@ const (
 	faultReset     = "reset"     // the node's proxy resets every connection
 	faultDBKill    = "dbkill"    // the server ends the node's sessions
 	faultClock     = "clock"     // a clean restart with the node's wall clock set off
+	faultResign    = "resign"    // the node resigns (SIGUSR1 makes it call Resign)
 )
 
-// faultKinds lists the kinds a dialect can take: SQLite nodes share a
-// file, so they have no proxy and no server sessions.
-func faultKinds(d cluster.Dialect) []string {
-	if d == cluster.SQLite {
+// allFaults lists every kind, in the order reports show them.
+var allFaults = []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign}
+
+// faultKinds lists the kinds drawn by default on a dialect and stack:
+// SQLite nodes share a file, so they have no proxy and no server
+// sessions. Resigns are drawn on the pgx stack, whose releases name a
+// successor that hears them; elsewhere they can be asked for with -faults
+// (drawing them by default would change the schedules of known seeds).
+func faultKinds(d cluster.Dialect, stack string) []string {
+	switch {
+	case d == cluster.SQLite:
 		return []string{faultKill, faultPause, faultClock}
+	case stack == stackPgx:
+		return []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign}
 	}
 	return []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock}
 }
 
 // weight is how often a kind is drawn relative to the others.
 var weight = map[string]int{
-	faultKill: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1,
+	faultKill: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1, faultResign: 2,
 }
 
 // A step is one fault of the schedule. Everything in it is drawn from the
@@ -123,6 +133,10 @@ func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Dura
 			s.Hold = between(1, 3, tm.TTL)
 			s.Delay = between(0.25, 0.55, tm.FenceTimeout-tm.Heartbeat)
 			s.Jitter = s.Delay / 4
+		case faultResign:
+			// Long enough for the handoff to finish within the fault, so
+			// the report's failover times include it.
+			s.Hold = tm.Heartbeat
 		case faultClock:
 			s.Offset = between(60, 48*3600, time.Second).Round(time.Second)
 			if rng.IntN(2) == 0 {
@@ -135,11 +149,16 @@ func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Dura
 	return out
 }
 
-// allowed reports whether every kind is one the dialect can take.
-func allowed(d cluster.Dialect, kinds []string) error {
+// allowed reports whether every kind is one the dialect can take: those
+// drawn by default on it, and resigns anywhere.
+func allowed(d cluster.Dialect, stack string, kinds []string) error {
+	avail := faultKinds(d, stack)
+	if !slices.Contains(avail, faultResign) {
+		avail = append(avail, faultResign)
+	}
 	for _, k := range kinds {
-		if !slices.Contains(faultKinds(d), k) {
-			return fmt.Errorf("fault %q is not available on %s (available: %v)", k, d, faultKinds(d))
+		if !slices.Contains(avail, k) {
+			return fmt.Errorf("fault %q is not available on %s (available: %v)", k, d, avail)
 		}
 	}
 	return nil

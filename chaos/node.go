@@ -15,7 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
 )
 
 // envNode, when set, makes this program a node: its value is the node's
@@ -40,7 +43,20 @@ type nodeConfig struct {
 	StaleWrites  int           // writes under the old token after each term ends
 	WallOffset   time.Duration // how far this node's wall clock is set off
 	Mutant       string
+	Stack        string // how the node reaches PostgreSQL: stackSQL or stackPgx
 }
+
+// Stacks: how a node reaches its database.
+const (
+	// stackSQL: database/sql as Config.DB; followers poll.
+	stackSQL = ""
+	// stackPgx (PostgreSQL): a pool of clusterpgx.OpenDB given to the
+	// cluster through clusterpgx.NewStdlibProvider, so followers LISTEN
+	// and a release names its successor, which attempts on its listening
+	// connection; fenced writes begin with clusterpgx.BeginFencedSQL (the
+	// BEGIN and the fence in one round trip).
+	stackPgx = "pgx"
+)
 
 // The mutants a node can play (see mutant_test.go and RELIABILITY.md).
 const (
@@ -112,10 +128,15 @@ func nodeMain(raw string) int {
 	n.h.add(record{T: n.clk.now(), Kind: kStart,
 		What: fmt.Sprintf("pid=%d wall=%s offset=%s mutant=%q", os.Getpid(), time.Now().Add(cfg.WallOffset).Format(time.RFC3339Nano), cfg.WallOffset, cfg.Mutant)})
 
+	// SIGUSR1 asks the node to resign (the harness's resign fault). It is
+	// caught from the start: its default action would end the process.
+	resign := make(chan os.Signal, 1)
+	signal.Notify(resign, syscall.SIGUSR1)
+	defer signal.Stop(resign)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	n.root = ctx
-	db, err := sql.Open(cfg.Driver, cfg.DSN)
+	db, provider, err := open(cfg)
 	if err != nil {
 		n.log.Error("open", "err", err)
 		return 2
@@ -123,21 +144,25 @@ func nodeMain(raw string) int {
 	defer db.Close()
 	n.db = db
 
+	ccfg := cluster.Config{
+		NodeID:            cfg.ID,
+		DB:                db,
+		TablePrefix:       cfg.Prefix,
+		LeaseTTL:          cfg.TTL,
+		HeartbeatInterval: cfg.Heartbeat,
+		FenceTimeout:      cfg.FenceTimeout,
+		SkipMigrations:    true, // the harness made the schema (and may have removed guards)
+		Chains:            []cluster.Chain{{Name: chainName, Table: cfg.Prefix + "audit"}},
+		WitnessFile:       cfg.Witness,
+		Logger:            n.log,
+		Observer:          n.observe,
+		OnTransition:      n.transition,
+	}
+	if provider != nil {
+		ccfg.DB, ccfg.TablePrefix, ccfg.Provider = nil, "", provider
+	}
 	for {
-		n.c, err = cluster.New(ctx, cluster.Config{
-			NodeID:            cfg.ID,
-			DB:                db,
-			TablePrefix:       cfg.Prefix,
-			LeaseTTL:          cfg.TTL,
-			HeartbeatInterval: cfg.Heartbeat,
-			FenceTimeout:      cfg.FenceTimeout,
-			SkipMigrations:    true, // the harness made the schema (and may have removed guards)
-			Chains:            []cluster.Chain{{Name: chainName, Table: cfg.Prefix + "audit"}},
-			WitnessFile:       cfg.Witness,
-			Logger:            n.log,
-			Observer:          n.observe,
-			OnTransition:      n.transition,
-		})
+		n.c, err = cluster.New(ctx, ccfg)
 		if err == nil {
 			break
 		}
@@ -160,6 +185,7 @@ func nodeMain(raw string) int {
 	if cfg.Mutant == mutantSteal {
 		wg.Go(func() { n.steal(ctx) })
 	}
+	wg.Go(func() { n.resigner(ctx, resign) })
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -169,6 +195,53 @@ func nodeMain(raw string) int {
 	wg.Wait()
 	n.zombies.Wait()
 	return 0
+}
+
+// open opens the node's pool and, for stackPgx, the provider over it (nil
+// otherwise: the cluster's default provider over Config.DB).
+func open(cfg nodeConfig) (*sql.DB, cluster.Provider, error) {
+	switch cfg.Stack {
+	case stackSQL:
+		db, err := sql.Open(cfg.Driver, cfg.DSN)
+		return db, nil, err
+	case stackPgx:
+		if cfg.Dialect != cluster.Postgres {
+			return nil, nil, fmt.Errorf("stack %q needs PostgreSQL, not %s", cfg.Stack, cfg.Dialect)
+		}
+		pc, err := pgx.ParseConfig(cfg.DSN)
+		if err != nil {
+			return nil, nil, err
+		}
+		db := clusterpgx.OpenDB(*pc)
+		p, err := clusterpgx.NewStdlibProvider(db, cfg.Prefix)
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return db, p, nil
+	}
+	return nil, nil, fmt.Errorf("unknown stack %q", cfg.Stack)
+}
+
+// resigner resigns the node's term each time the harness sends SIGUSR1,
+// and records the call and its outcome.
+func (n *node) resigner(ctx context.Context, sig <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sig:
+		}
+		tok := n.c.FencingToken()
+		rctx, cancel := context.WithTimeout(ctx, n.cfg.TTL)
+		err := n.c.Resign(rctx)
+		cancel()
+		r := record{T: n.clk.now(), Kind: kEvent, Token: tok, What: "resign"}
+		if err != nil {
+			r.Err = err.Error()
+		}
+		n.h.add(r)
+	}
 }
 
 // observe is the Observer: it runs on the heartbeat goroutine and only
@@ -248,6 +321,7 @@ func (n *node) sample(ctx context.Context) {
 	defer tick.Stop()
 	var tok uint64
 	var from, last, flushed int64
+	heard := false
 	end := func() {
 		if tok != 0 && last > from {
 			n.h.add(record{T: n.clk.now(), Kind: kBelief, Token: tok, From: from, To: last})
@@ -255,6 +329,10 @@ func (n *node) sample(ctx context.Context) {
 		tok = 0
 	}
 	for {
+		if !heard && n.c.Stats().HearingReleases {
+			heard = true
+			n.h.add(record{T: n.clk.now(), Kind: kEvent, What: eventHearing})
+		}
 		t0 := n.clk.now()
 		b := n.believes()
 		t1 := n.clk.now()
@@ -352,16 +430,25 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 		}
 		return record{Kind: kFail, Token: token, Err: stage + ": " + err.Error(), What: what}
 	}
-	tx, err := n.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fail("begin", err)
-	}
-	defer tx.Rollback()
-	if style == styleFenced {
-		if token, err = n.c.Fence(ctx, tx); err != nil {
+	var tx *sql.Tx
+	var err error
+	if style == styleFenced && n.cfg.Stack == stackPgx {
+		// The BEGIN and the fence in one round trip.
+		if tx, token, err = clusterpgx.BeginFencedSQL(ctx, n.c, n.db, nil); err != nil {
 			return fail("fence", err)
 		}
+	} else {
+		if tx, err = n.db.BeginTx(ctx, nil); err != nil {
+			return fail("begin", err)
+		}
+		if style == styleFenced {
+			if token, err = n.c.Fence(ctx, tx); err != nil {
+				tx.Rollback()
+				return fail("fence", err)
+			}
+		}
 	}
+	defer tx.Rollback()
 	lock := " FOR UPDATE"
 	if d == cluster.SQLite {
 		lock = "" // the transaction holds the write lock from BEGIN

@@ -15,10 +15,13 @@ func report(w io.Writer, r *result) {
 	fmt.Fprintf(w, "operations  %d writes: %s; %d stale writes (%d committed while their token was still current); %d grants; %d belief intervals\n",
 		r.Writes, counts(r.Outcomes, "ok", "refused", "error", "info-committed", "info-absent"), r.StaleWrites, r.StaleOK, r.Grants, r.Beliefs)
 	fmt.Fprintf(w, "database    %d rows in commit order, %d in the audit chain\n", r.Rows, r.ChainRows)
-	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock))
+	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, allFaults...))
 	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
 		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
 	fmt.Fprintf(w, "failover    %s\n", durations(r.Failovers, "faults that ended the leader's belief, to the next leader"))
+	if r.Faults[faultResign] > 0 {
+		fmt.Fprintf(w, "handoff     %s; %d processes heard releases\n", durations(r.Handoffs, "resigns, to the next leader"), r.Hearing)
+	}
 	fmt.Fprintf(w, "leaderless  %s\n", gapLine(r.Gaps))
 	if r.LongestGap != "" {
 		fmt.Fprintf(w, "            longest: %s\n", r.LongestGap)
@@ -77,7 +80,7 @@ func gapLine(ds []time.Duration) string {
 func markdown(w io.Writer, command string, rs []*result) {
 	fmt.Fprintf(w, "```sh\n%s\n```\n\n", command)
 	for _, r := range rs {
-		fmt.Fprintf(w, "#### %s: seed %d, %v of faults, %d nodes%s\n\n", r.Dialect, r.Seed, r.Duration, r.Nodes, mutantNote(r.Mutant))
+		fmt.Fprintf(w, "#### %s: seed %d, %v of faults, %d nodes%s\n\n", r.label(), r.Seed, r.Duration, r.Nodes, mutantNote(r.Mutant))
 		fmt.Fprintf(w, "| | kind | value |\n| --- | --- | ---: |\n")
 		row := func(section, kind string, n any) { fmt.Fprintf(w, "| %s | %s | %v |\n", section, kind, n) }
 		row("operations", "writes invoked", r.Writes)
@@ -89,7 +92,7 @@ func markdown(w io.Writer, command string, rs []*result) {
 		row("", "belief intervals", r.Beliefs)
 		row("", "rows in commit order / in the audit chain", fmt.Sprintf("%d / %d", r.Rows, r.ChainRows))
 		first := "faults"
-		for _, k := range []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock} {
+		for _, k := range allFaults {
 			if r.Faults[k] > 0 {
 				row(first, k, r.Faults[k])
 				first = ""
