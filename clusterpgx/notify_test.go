@@ -2,6 +2,8 @@ package clusterpgx_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -542,5 +544,102 @@ func TestSuccessorAttemptsOnListeningConnection(t *testing.T) {
 	waitFor(t, time.Second, "a to take over", a.IsLeader)
 	if !b.Stats().HearingReleases {
 		t.Error("b stopped hearing releases after lending its listening connection")
+	}
+}
+
+// Two Clusters on one provider, followers of two leases, are both named
+// successors of releases made at the same moment by another process. The
+// provider lends one listening connection at a time: one follower attempts
+// on its listening connection, the other on a pooled one (or after its
+// turn), and neither may wait for a poll, go deaf, or hang (a listener that
+// withdrew the other's offer went on listening while its connection ran
+// the attempt, and the other waited forever: the review of 2655c17). The
+// other process is the test's own connection: it holds both leases, and
+// releases them together, three times (the followers resign in between,
+// and it takes the leases again).
+func TestSharedProviderSimultaneousNamedReleases(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 0)
+	log := &connLog{}
+	shared := provider(t, tg, tracedPool(t, tg, log))
+	leases := []string{"left", "right"}
+	// hold takes every lease for an instance of no member, as another
+	// process would.
+	hold := func() {
+		t.Helper()
+		for _, lease := range leases {
+			var granted bool
+			if err := admin.QueryRow(ctx, "SELECT granted FROM "+tg.Prefix+"acquire($1, $2, $3, '', $4)", "elsewhere", "elsewhere-"+lease, int64(time.Minute/time.Millisecond), lease).Scan(&granted); err != nil || !granted {
+				t.Fatalf("take %s for another process: granted %v, %v", lease, granted, err)
+			}
+		}
+	}
+	if err := shared.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hold()
+	const holdOff = 300 * time.Millisecond
+	var followers []*cluster.Cluster
+	for _, lease := range leases {
+		cfg := cluster.Config{NodeID: lease + "-shared", LeaseName: lease, Provider: shared, Logger: testdb.Logger(t), ResignHoldOff: holdOff}
+		longPoll(&cfg)
+		c, err := cluster.New(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Shutdown(context.Background()) })
+		followers = append(followers, c)
+		waitFor(t, 3*time.Second, c.NodeID()+" to hear releases", func() bool { return c.Stats().HearingReleases })
+	}
+	time.Sleep(100 * time.Millisecond) // let the followers' first attempts, made at start, land
+
+	for round := range 3 {
+		before := len(log.all())
+		var wg sync.WaitGroup
+		errs := make([]error, len(leases))
+		for i, lease := range leases {
+			wg.Go(func() {
+				var named string
+				errs[i] = admin.QueryRow(ctx, "SELECT COALESCE((SELECT node_id FROM "+tg.Prefix+"nodes n WHERE n.instance = r.successor), '') FROM "+tg.Prefix+"release($1, NULL, NULL, NULL) r", lease).Scan(&named)
+				if errs[i] == nil && named != followers[i].NodeID() {
+					errs[i] = fmt.Errorf("the release of %s named %q, not its follower %s", lease, named, followers[i].NodeID())
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i, c := range followers {
+			took := waitFor(t, time.Second, fmt.Sprintf("round %d: %s to take %s", round, c.NodeID(), leases[i]), c.IsLeader)
+			t.Logf("round %d: %s took %s %v after the releases", round, c.NodeID(), leases[i], took.Round(time.Millisecond))
+		}
+		listening := map[*pgx.Conn]bool{}
+		for _, s := range log.all() {
+			if strings.HasPrefix(s.sql, "LISTEN ") {
+				listening[s.conn] = true
+			}
+		}
+		lent := 0
+		for _, s := range log.all()[before:] {
+			if strings.Contains(s.sql, "acquire(") && listening[s.conn] {
+				lent++
+			}
+		}
+		if lent == 0 {
+			t.Errorf("round %d: no attempt after the releases ran on a listening connection", round)
+		}
+		t.Logf("round %d: %d attempts on listening connections", round, lent)
+		for _, c := range followers {
+			if err := c.Resign(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !c.Stats().HearingReleases {
+				t.Fatalf("round %d: %s stopped hearing releases", round, c.NodeID())
+			}
+		}
+		hold()
+		time.Sleep(holdOff + 50*time.Millisecond)
 	}
 }
