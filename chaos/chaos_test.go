@@ -88,29 +88,29 @@ func TestExperiment(t *testing.T) {
 // TestExperimentPgx runs the experiment on PostgreSQL through clusterpgx:
 // followers LISTEN, a release names its successor, which attempts on its
 // listening connection, and fenced writes begin with BeginFencedSQL. The
-// nemesis also makes leaders resign, so handoffs happen under partitions,
-// resets and killed sessions (which kill listeners too). Besides finding
-// no anomaly, the nodes must have heard releases, and a resign's handoff
-// must take well under a poll (a heartbeat): a handoff that waited for
-// polls would show a median near half a heartbeat or more.
+// nemesis also makes leaders resign, so handoffs happen after resets and
+// killed sessions (which kill listeners too). Besides finding no anomaly
+// (never-heard among them), every node must have heard releases, and a
+// resign's handoff must take well under a poll (a heartbeat): handoffs
+// that waited for polls would show a median near half a heartbeat or
+// more.
 func TestExperimentPgx(t *testing.T) {
 	dsn := dialects(t)[cluster.Postgres]
 	if dsn == "" {
 		t.Skip("needs PostgreSQL (CLUSTER_TEST_POSTGRES_DSN)")
 	}
-	res := runExperiment(t, &experiment{Dialect: cluster.Postgres, Stack: stackPgx, DSN: dsn, Seed: 35, Duration: 20 * time.Second, Nodes: 3,
+	// Seed 9: a reset, a session kill and a partition, then three resigns
+	// of the leader.
+	res := runExperiment(t, &experiment{Dialect: cluster.Postgres, Stack: stackPgx, DSN: dsn, Seed: 9, Duration: 20 * time.Second, Nodes: 3,
 		Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, LeaderShare: 0.75})
 	for _, a := range res.Anomalies {
 		t.Errorf("%s: %s", a.Kind, a.Detail)
 	}
-	if res.Faults[faultResign] == 0 {
-		t.Fatalf("no resign among %d faults: pick another seed", len(res.FaultList))
+	if res.Hearing < 3 {
+		t.Errorf("%d processes heard releases (Stats.HearingReleases); want each of the 3 nodes", res.Hearing)
 	}
-	if res.Hearing == 0 {
-		t.Error("no node ever heard releases (Stats.HearingReleases): the listeners never started")
-	}
-	if len(res.Handoffs) == 0 {
-		t.Fatal("no resign handoff measured")
+	if len(res.Handoffs) < 2 {
+		t.Fatalf("%d resign handoffs measured among %d resigns; want at least 2", len(res.Handoffs), res.Faults[faultResign])
 	}
 	h := slices.Clone(res.Handoffs)
 	slices.Sort(h)

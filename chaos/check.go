@@ -43,6 +43,7 @@ const (
 	aHistory         = "history-unreadable"      // a history line could not be interpreted
 	aCrash           = "node-exited"             // a node process exited when the harness did not end it
 	aNoProgress      = "no-progress"             // no write was acknowledged: the experiment tested nothing
+	aNeverHeard      = "never-heard"             // postgres+pgx: no process heard a release, so NOTIFY was not tested
 )
 
 type anomaly struct {
@@ -97,6 +98,7 @@ func (r *result) add(kind, format string, args ...any) {
 }
 
 type checkInput struct {
+	stack      string
 	dialect    cluster.Dialect
 	timings    timings
 	histories  map[string][]record // by process: node.incarnation
@@ -134,7 +136,7 @@ type grant struct {
 }
 
 func check(in checkInput) *result {
-	res := &result{Dialect: in.dialect, Timings: in.timings, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultList: in.faults}
+	res := &result{Dialect: in.dialect, Stack: in.stack, Timings: in.timings, Outcomes: map[string]int{}, Faults: map[string]int{}, FaultList: in.faults}
 	for _, f := range in.faults {
 		res.Faults[f.Kind]++
 	}
@@ -164,14 +166,21 @@ func check(in checkInput) *result {
 			res.LongestGap += ", during " + strings.Join(during, "; ")
 		}
 	}
-	res.Failovers = failovers(beliefs, in.faults)
-	var resigns []fault
+	// Resigns are handoffs, measured apart from the faults that end a
+	// leader's belief against its will.
+	var resigns, others []fault
 	for _, f := range in.faults {
 		if f.Kind == faultResign {
 			resigns = append(resigns, f)
+		} else {
+			others = append(others, f)
 		}
 	}
+	res.Failovers = failovers(beliefs, others)
 	res.Handoffs = failovers(beliefs, resigns)
+	if in.stack == stackPgx && res.Hearing == 0 {
+		res.add(aNeverHeard, "no process ever heard releases (Stats.HearingReleases): the listeners never worked, so the experiment did not test the NOTIFY path")
+	}
 	return res
 }
 

@@ -141,7 +141,9 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	if err := h.prepare(ctx); err != nil {
 		return nil, err
 	}
-	plan := schedule(rand.New(rand.NewPCG(e.Seed, uint64(len(e.Dialect)))), kinds, e.Nodes, e.Timings, e.Duration, e.LeaderShare)
+	// The stream is the label's length: the database/sql stacks keep the
+	// schedules their seeds always had.
+	plan := schedule(rand.New(rand.NewPCG(e.Seed, uint64(len(e.label())))), kinds, e.Nodes, e.Timings, e.Duration, e.LeaderShare)
 	defer h.teardown()
 	for i := range e.Nodes {
 		p := &proc{id: fmt.Sprintf("n%d", i+1), idx: i}
@@ -192,7 +194,7 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 			hist[fmt.Sprintf("%s.%d", p.id, i+1)] = rs
 		}
 	}
-	in := checkInput{dialect: e.Dialect, timings: e.Timings, histories: hist, faults: h.faults, final: fin,
+	in := checkInput{dialect: e.Dialect, stack: e.Stack, timings: e.Timings, histories: hist, faults: h.faults, final: fin,
 		start: start, end: end, dir: e.Dir}
 	res := check(in)
 	h.mu.Lock()

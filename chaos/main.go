@@ -133,7 +133,11 @@ func harnessMain(args []string) int {
 	failed := false
 	for _, d := range strings.Split(*dialects, ",") {
 		d = strings.TrimSpace(d)
-		dialect, stack, _ := strings.Cut(d, "+")
+		dialect, stack, plus := strings.Cut(d, "+")
+		if plus && stack != stackPgx {
+			fmt.Fprintf(os.Stderr, "chaos: unknown stack %q in -dialects %q (the one stack is postgres+pgx)\n", stack, d)
+			return 2
+		}
 		e := &experiment{
 			Dialect: cluster.Dialect(dialect), Stack: stack, Seed: *seed, Duration: *duration, Nodes: *nodes,
 			Timings: tm, Pause: *pause, StaleWrites: *stale, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare,

@@ -128,8 +128,9 @@ func nodeMain(raw string) int {
 	n.h.add(record{T: n.clk.now(), Kind: kStart,
 		What: fmt.Sprintf("pid=%d wall=%s offset=%s mutant=%q", os.Getpid(), time.Now().Add(cfg.WallOffset).Format(time.RFC3339Nano), cfg.WallOffset, cfg.Mutant)})
 
-	// SIGUSR1 asks the node to resign (the harness's resign fault). It is
-	// caught from the start: its default action would end the process.
+	// SIGUSR1 asks the node to resign (the harness's resign fault). The Go
+	// runtime ignores it until then; a signal that comes before the
+	// cluster runs (New retrying) is dropped (see resigner).
 	resign := make(chan os.Signal, 1)
 	signal.Notify(resign, syscall.SIGUSR1)
 	defer signal.Stop(resign)
@@ -224,8 +225,15 @@ func open(cfg nodeConfig) (*sql.DB, cluster.Provider, error) {
 }
 
 // resigner resigns the node's term each time the harness sends SIGUSR1,
-// and records the call and its outcome.
+// and records the call and its outcome. A signal that came before it ran
+// (while New was retrying, when the node could not lead) is dropped, so
+// no resign happens outside the fault that asked for it.
 func (n *node) resigner(ctx context.Context, sig <-chan os.Signal) {
+	select {
+	case <-sig:
+		n.h.add(record{T: n.clk.now(), Kind: kEvent, What: "resign dropped: it came before the cluster ran"})
+	default:
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -435,7 +443,7 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	if style == styleFenced && n.cfg.Stack == stackPgx {
 		// The BEGIN and the fence in one round trip.
 		if tx, token, err = clusterpgx.BeginFencedSQL(ctx, n.c, n.db, nil); err != nil {
-			return fail("fence", err)
+			return fail("begin and fence", err)
 		}
 	} else {
 		if tx, err = n.db.BeginTx(ctx, nil); err != nil {

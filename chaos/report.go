@@ -20,7 +20,10 @@ func report(w io.Writer, r *result) {
 		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
 	fmt.Fprintf(w, "failover    %s\n", durations(r.Failovers, "faults that ended the leader's belief, to the next leader"))
 	if r.Faults[faultResign] > 0 {
-		fmt.Fprintf(w, "handoff     %s; %d processes heard releases\n", durations(r.Handoffs, "resigns, to the next leader"), r.Hearing)
+		fmt.Fprintf(w, "handoff     %s\n", durations(r.Handoffs, "resigns, to the next leader"))
+	}
+	if r.Stack == stackPgx {
+		fmt.Fprintf(w, "listening   %d processes (incarnations) heard releases\n", r.Hearing)
 	}
 	fmt.Fprintf(w, "leaderless  %s\n", gapLine(r.Gaps))
 	if r.LongestGap != "" {
@@ -116,6 +119,12 @@ func markdown(w io.Writer, command string, rs []*result) {
 		}
 		row("recovery", fmt.Sprintf("after a heal with no leader (bound %v)", r.Timings.TTL+2*r.Timings.Heartbeat), recoveryLine(r.Recovery))
 		row("", "failover: from a fault that ended the leader's belief to the next belief", durations(r.Failovers, "faults"))
+		if r.Faults[faultResign] > 0 {
+			row("", "handoff: from a resign to the next belief", durations(r.Handoffs, "resigns"))
+		}
+		if r.Stack == stackPgx {
+			row("", "processes (incarnations) that heard releases", r.Hearing)
+		}
 		row("", "intervals without a leader", gapLine(r.Gaps))
 		if r.LongestGap != "" {
 			row("", "the longest", r.LongestGap)
