@@ -96,6 +96,19 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 			fs.Audit = []dbAudit{{Counter: 1, Hash: []byte("not the hash"), Payload: "n1.1#1|1|1"}}
 		}},
 	}
+	// On postgres+pgx a history in which no process heard releases is
+	// never-heard; one hearing-releases event clears it.
+	pgx := func(hs map[string][]record, fs *finalState) *result {
+		return check(checkInput{stack: stackPgx, timings: testTimings, histories: hs, final: fs, end: 1000 * ms})
+	}
+	hs, fs = base()
+	if res := pgx(hs, fs); len(res.Anomalies) != 1 || res.Anomalies[0].Kind != aNeverHeard {
+		t.Errorf("postgres+pgx without hearing: %v; want one %s", res.Anomalies, aNeverHeard)
+	}
+	hs["n2.1"] = append(hs["n2.1"], record{T: 5 * ms, Kind: kEvent, What: eventHearing})
+	if res := pgx(hs, fs); len(res.Anomalies) != 0 || res.Hearing != 1 {
+		t.Errorf("postgres+pgx with one process hearing: %v, hearing %d", res.Anomalies, res.Hearing)
+	}
 	for _, tt := range tests {
 		t.Run(tt.kind, func(t *testing.T) {
 			hs, fs := base()
