@@ -3,8 +3,10 @@ package cluster_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +177,72 @@ func TestMembers(t *testing.T) {
 			}
 		}
 		_ = a
+	})
+}
+
+// A node that joins takes over the membership row of a member not seen
+// for a day (one that died, or left long ago), oldest first, instead of
+// adding one: the table holds a row per process seen within the day,
+// however often processes restart. Members lists the newcomer as itself.
+func TestMembershipRowsAreReused(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		admin := tg.Open(t)
+		rows := func() int {
+			t.Helper()
+			var n int
+			if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+tg.Prefix+"nodes").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		a := start(t, tg, "a")
+		for _, id := range []string{"b1", "b2", "b3"} {
+			b := start(t, tg, id, func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+			b.Shutdown(ctx)
+		}
+		// b1 left 25 hours ago, b2 26, b3 two hours ago (kept).
+		for id, hours := range map[string]int64{"b1": 25, "b2": 26, "b3": 2} {
+			q := fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = '%s'", tg.Prefix, hours*3600*1000, id)
+			if _, err := admin.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := rows(); n != 4 {
+			t.Fatalf("%d membership rows after four nodes joined; want 4", n)
+		}
+		c := start(t, tg, "c", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		d := start(t, tg, "d", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		if n := rows(); n != 4 {
+			t.Fatalf("%d membership rows after c and d joined; want 4 (they take b2's and b1's)", n)
+		}
+		ms, err := a.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.NodeID)
+			if (m.NodeID == "c" || m.NodeID == "d") && (!m.Live || m.Status != "active" || m.Leader || m.SeenAgo > time.Minute) {
+				t.Errorf("member %s in a taken-over row: %+v", m.NodeID, m)
+			}
+		}
+		if slices.Sort(ids); !slices.Equal(ids, []string{"a", "b3", "c", "d"}) {
+			t.Fatalf("members %v; want a, b3 (seen two hours ago), c, d", ids)
+		}
+		// No row old enough is left: the next node adds one.
+		start(t, tg, "e", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		if n := rows(); n != 5 {
+			t.Fatalf("%d membership rows after e joined; want 5", n)
+		}
+		// A node in a taken-over row refreshes and leaves it as its own.
+		d.Shutdown(ctx)
+		ms, _ = c.Members(ctx)
+		for _, m := range ms {
+			if m.NodeID == "d" && m.Status != "left" {
+				t.Errorf("d after Shutdown: %+v", m)
+			}
+		}
 	})
 }

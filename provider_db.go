@@ -688,9 +688,37 @@ func (p *DBProvider) RotateVaultState(ctx context.Context, scope, from, to, node
 	return n == 1, nil
 }
 
-// Join implements [MemberStore].
+// nodeRetention is how long a member's row is kept after it was last
+// seen: then the next node to join takes the row over (node_recycle).
+const nodeRetention = 24 * time.Hour
+
+// Join implements [MemberStore]. The new member takes over the row of a
+// member of scope not seen for nodeRetention, if there is one, and adds a
+// row otherwise, so the table does not grow with every restart.
 func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
-	return p.exec(ctx, "join the cluster", p.q.NodeJoin, scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint)
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	retention := nodeRetention.Milliseconds()
+	args := []any{scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, retention}
+	if p.d.name() == MySQL {
+		args = []any{m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, retention}
+	}
+	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeRecycle, statementLimit(ctx)), args...)
+	if err == nil && n == 1 {
+		return nil
+	}
+	if err != nil {
+		// Best effort: a row of this instance already there (a second
+		// Join) is a key conflict; node_join updates it.
+		p.log.DebugContext(ctx, "cluster: taking over an old membership row failed; adding one", "err", err)
+	}
+	if _, err := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); err != nil {
+		return p.wrap("join the cluster", err)
+	}
+	return nil
 }
 
 // Seen implements [MemberStore].

@@ -221,6 +221,21 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 -- word ({{verb}}); MAX_EXECUTION_TIME applies to SELECT only.
 {{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};
 
+-- name: node_recycle
+-- args: instance, node id, host, pid, endpoint, scope, retention ms (in
+-- this order: MySQL's placeholders are positional). A joining node takes over the row of a member of the scope not seen for
+-- the retention (a process that died without leaving, or left long ago),
+-- the oldest first, rather than adding one: the table holds one row per
+-- process seen within the retention, however often processes restart,
+-- and needs no DELETE right. No row updated: node_join adds one.
+UPDATE {{prefix}}nodes
+SET instance = ?, node_id = ?, host = ?, pid = ?, endpoint = ?,
+    started_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+    status = 'active', takes_lanes = 0
+WHERE scope = ? AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
+ORDER BY last_seen LIMIT 1;
+
 -- name: node_join
 -- args: scope, instance, node id, host, pid, endpoint.
 INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)

@@ -132,6 +132,22 @@ PRAGMA busy_timeout;
 -- args: none. Takes the write lock now; DDL is transactional.
 BEGIN IMMEDIATE;
 
+-- name: node_recycle
+-- args: scope, instance, node id, host, pid, endpoint, retention ms. A
+-- joining node takes over the row of a member of the scope not seen for
+-- the retention (a process that died without leaving, or left long ago),
+-- the oldest first, rather than adding one: the table holds one row per
+-- process seen within the retention, however often processes restart,
+-- and needs no DELETE right. No row updated: node_join adds one.
+UPDATE {{prefix}}nodes
+SET instance = ?2, node_id = ?3, host = ?4, pid = ?5, endpoint = ?6,
+    started_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), last_seen = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    status = 'active', takes_lanes = 0
+WHERE (scope, instance) = (
+    SELECT o.scope, o.instance FROM {{prefix}}nodes o
+    WHERE o.scope = ?1 AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?7
+    ORDER BY o.last_seen LIMIT 1);
+
 -- name: node_join
 -- args: scope, instance, node id, host, pid, endpoint.
 INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
