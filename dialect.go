@@ -72,7 +72,7 @@ type queries struct {
 	StateInsert     string `sql:"state_insert"`     // scope, fingerprint, node
 	StateRead       string `sql:"state_read"`       // scope
 	StateRotate     string `sql:"state_rotate"`     // new fingerprint, node, scope, old fingerprint
-	NodeRecycle     string `sql:"node_recycle"`     // scope, instance, node id, host, pid, endpoint, retention ms (MySQL: scope after endpoint)
+	NodeRecycle     string `sql:"node_recycle"`     // instance, node id, host, pid, endpoint, scope, retention ms
 	NodeJoin        string `sql:"node_join"`        // scope, instance, node id, host, pid, endpoint
 	NodeSeen        string `sql:"node_seen"`        // scope, instance
 	NodeLeave       string `sql:"node_leave"`       // scope, instance

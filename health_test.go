@@ -180,10 +180,11 @@ func TestMembers(t *testing.T) {
 	})
 }
 
-// A node that joins takes over the membership row of a member not seen
-// for a day (one that died, or left long ago), oldest first, instead of
-// adding one: the table holds a row per process seen within the day,
-// however often processes restart. Members lists the newcomer as itself.
+// A node that joins takes over the membership row of a member that left
+// more than an hour ago, oldest first, instead of adding one, so clean
+// restarts do not grow the table. Rows of members that are still marked
+// active (a process that died, or one paused for long) are kept however
+// old, and so are the rows of other lease names.
 func TestMembershipRowsAreReused(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
@@ -197,52 +198,89 @@ func TestMembershipRowsAreReused(t *testing.T) {
 			}
 			return n
 		}
-		a := start(t, tg, "a")
-		for _, id := range []string{"b1", "b2", "b3"} {
-			b := start(t, tg, id, func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-			b.Shutdown(ctx)
-		}
-		// b1 left 25 hours ago, b2 26, b3 two hours ago (kept).
-		for id, hours := range map[string]int64{"b1": 25, "b2": 26, "b3": 2} {
+		age := func(id string, hours int64) {
+			t.Helper()
 			q := fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = '%s'", tg.Prefix, hours*3600*1000, id)
 			if _, err := admin.ExecContext(ctx, q); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if n := rows(); n != 4 {
-			t.Fatalf("%d membership rows after four nodes joined; want 4", n)
+		follower := func(c *cluster.Config) { c.Role = cluster.RoleFollower }
+		a := start(t, tg, "a")
+		for _, id := range []string{"b1", "b2", "b3"} {
+			start(t, tg, id, follower).Shutdown(ctx)
 		}
-		c := start(t, tg, "c", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-		d := start(t, tg, "d", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-		if n := rows(); n != 4 {
-			t.Fatalf("%d membership rows after c and d joined; want 4 (they take b2's and b1's)", n)
+		// A member of another lease name that left long ago.
+		start(t, tg, "other", follower, func(c *cluster.Config) { c.LeaseName = "other" }).Shutdown(ctx)
+		// A member that died without Shutdown: its row stays active.
+		dead := startOn(t, tg, tg.Open(t), "dead", follower)
+		dead.db.Close()
+		dead.Shutdown(ctx)
+		// b1 left 3 hours ago, b2 5, b3 half an hour ago (kept); dead and
+		// other were seen 30 hours ago.
+		age("b1", 3)
+		age("b2", 5)
+		age("dead", 30)
+		age("other", 30)
+		if _, err := admin.ExecContext(ctx, fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = 'b3'", tg.Prefix, 1800*1000)); err != nil {
+			t.Fatal(err)
 		}
-		ms, err := a.Members(ctx)
+		if n := rows(); n != 6 {
+			t.Fatalf("%d membership rows after six nodes joined; want 6", n)
+		}
+		// The oldest row that left goes first: b2's.
+		c := start(t, tg, "c", follower)
+		ids := func() []string {
+			t.Helper()
+			ms, err := a.Members(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, m := range ms {
+				ids = append(ids, m.NodeID)
+				if m.NodeID == "c" || m.NodeID == "d" {
+					if !m.Live || m.Status != "active" || m.Leader || m.SeenAgo > time.Minute {
+						t.Errorf("member %s in a taken-over row: %+v", m.NodeID, m)
+					}
+				}
+			}
+			slices.Sort(ids)
+			return ids
+		}
+		if got, want := ids(), []string{"a", "b1", "b3", "c", "dead"}; !slices.Equal(got, want) {
+			t.Fatalf("members after c joined: %v; want %v (c in b2's row)", got, want)
+		}
+		d := start(t, tg, "d", follower)
+		if got, want := ids(), []string{"a", "b3", "c", "d", "dead"}; !slices.Equal(got, want) {
+			t.Fatalf("members after d joined: %v; want %v (d in b1's row)", got, want)
+		}
+		if n := rows(); n != 6 {
+			t.Fatalf("%d membership rows after c and d joined; want 6", n)
+		}
+		// None is left to take (b3 left half an hour ago, dead is active,
+		// other is another lease's): the next node adds a row.
+		start(t, tg, "e", follower)
+		if n := rows(); n != 7 {
+			t.Fatalf("%d membership rows after e joined; want 7", n)
+		}
+		// A node in a taken-over row leaves it as its own.
+		d.Shutdown(ctx)
+		ms, err := c.Members(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ids []string
+		found := false
 		for _, m := range ms {
-			ids = append(ids, m.NodeID)
-			if (m.NodeID == "c" || m.NodeID == "d") && (!m.Live || m.Status != "active" || m.Leader || m.SeenAgo > time.Minute) {
-				t.Errorf("member %s in a taken-over row: %+v", m.NodeID, m)
+			if m.NodeID == "d" {
+				found = true
+				if m.Status != "left" || m.Live {
+					t.Errorf("d after Shutdown: %+v", m)
+				}
 			}
 		}
-		if slices.Sort(ids); !slices.Equal(ids, []string{"a", "b3", "c", "d"}) {
-			t.Fatalf("members %v; want a, b3 (seen two hours ago), c, d", ids)
-		}
-		// No row old enough is left: the next node adds one.
-		start(t, tg, "e", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-		if n := rows(); n != 5 {
-			t.Fatalf("%d membership rows after e joined; want 5", n)
-		}
-		// A node in a taken-over row refreshes and leaves it as its own.
-		d.Shutdown(ctx)
-		ms, _ = c.Members(ctx)
-		for _, m := range ms {
-			if m.NodeID == "d" && m.Status != "left" {
-				t.Errorf("d after Shutdown: %+v", m)
-			}
+		if !found {
+			t.Errorf("d is not listed after Shutdown: %+v", ms)
 		}
 	})
 }

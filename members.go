@@ -23,7 +23,8 @@ func (c *Cluster) memberTimeout() time.Duration {
 // within LeaseTTL plus three heartbeats; at most one is Leader, the one
 // the lease row names while its term is unexpired (the lease row decides,
 // never a flag a node sets). Members that left stay listed, with status
-// "left". It needs a provider that implements [MemberStore], as the
+// "left", until a node that joins an hour or more later takes over their
+// row. It needs a provider that implements [MemberStore], as the
 // default ones do.
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	if c.members == nil {

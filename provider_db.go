@@ -688,32 +688,28 @@ func (p *DBProvider) RotateVaultState(ctx context.Context, scope, from, to, node
 	return n == 1, nil
 }
 
-// nodeRetention is how long a member's row is kept after it was last
-// seen: then the next node to join takes the row over (node_recycle).
-const nodeRetention = 24 * time.Hour
+// leftRetention is how long the row of a member that left is kept: then
+// the next node to join takes it over (node_recycle).
+const leftRetention = time.Hour
 
 // Join implements [MemberStore]. The new member takes over the row of a
-// member of scope not seen for nodeRetention, if there is one, and adds a
-// row otherwise, so the table does not grow with every restart.
+// member of scope that left more than leftRetention ago, if there is one,
+// and adds a row otherwise, so clean restarts do not grow the table.
 func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
-	retention := nodeRetention.Milliseconds()
-	args := []any{scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, retention}
-	if p.d.name() == MySQL {
-		args = []any{m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, retention}
-	}
-	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeRecycle, statementLimit(ctx)), args...)
+	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeRecycle, statementLimit(ctx)),
+		m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, leftRetention.Milliseconds())
 	if err == nil && n == 1 {
 		return nil
 	}
 	if err != nil {
-		// Best effort: a row of this instance already there (a second
-		// Join) is a key conflict; node_join updates it.
-		p.log.DebugContext(ctx, "cluster: taking over an old membership row failed; adding one", "err", err)
+		// The join goes on: a row of this instance already there (a
+		// second Join) is a key conflict, which node_join updates.
+		p.log.WarnContext(ctx, "cluster: taking over the membership row of a member that left failed; adding a row", "err", err)
 	}
 	if _, err := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); err != nil {
 		return p.wrap("join the cluster", err)

@@ -222,19 +222,22 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 {{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};
 
 -- name: node_recycle
--- args: instance, node id, host, pid, endpoint, scope, retention ms (in
--- this order: MySQL's placeholders are positional). A joining node takes over the row of a member of the scope not seen for
--- the retention (a process that died without leaving, or left long ago),
--- the oldest first, rather than adding one: the table holds one row per
--- process seen within the retention, however often processes restart,
--- and needs no DELETE right. No row updated: node_join adds one.
+-- args: instance, node id, host, pid, endpoint, scope, retention ms (this
+-- order on every dialect, MySQL's placeholders being positional). A
+-- joining node takes over the row of a member of the scope that left
+-- (Shutdown) longer than the retention ago, the oldest first, rather than
+-- adding one, so clean restarts do not grow the table, with no DELETE
+-- right. Only rows marked left: an instance that left never writes its
+-- row again, while an active one unseen for long may be a paused process
+-- that would find its row gone. No row updated: node_join adds one.
 UPDATE {{prefix}}nodes
 SET instance = ?, node_id = ?, host = ?, pid = ?, endpoint = ?,
     started_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     status = 'active', takes_lanes = 0
-WHERE scope = ? AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
-ORDER BY last_seen LIMIT 1;
+WHERE scope = ? AND status = 'left'
+  AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
+ORDER BY last_seen, instance LIMIT 1;
 
 -- name: node_join
 -- args: scope, instance, node id, host, pid, endpoint.

@@ -133,20 +133,22 @@ PRAGMA busy_timeout;
 BEGIN IMMEDIATE;
 
 -- name: node_recycle
--- args: scope, instance, node id, host, pid, endpoint, retention ms. A
--- joining node takes over the row of a member of the scope not seen for
--- the retention (a process that died without leaving, or left long ago),
--- the oldest first, rather than adding one: the table holds one row per
--- process seen within the retention, however often processes restart,
--- and needs no DELETE right. No row updated: node_join adds one.
+-- args: instance, node id, host, pid, endpoint, scope, retention ms (this
+-- order on every dialect, MySQL's placeholders being positional). A
+-- joining node takes over the row of a member of the scope that left
+-- (Shutdown) longer than the retention ago, the oldest first, rather than
+-- adding one, so clean restarts do not grow the table, with no DELETE
+-- right. Only rows marked left: an instance that left never writes its
+-- row again, while an active one unseen for long may be a paused process
+-- that would find its row gone. No row updated: node_join adds one.
 UPDATE {{prefix}}nodes
-SET instance = ?2, node_id = ?3, host = ?4, pid = ?5, endpoint = ?6,
+SET instance = ?1, node_id = ?2, host = ?3, pid = ?4, endpoint = ?5,
     started_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), last_seen = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     status = 'active', takes_lanes = 0
 WHERE (scope, instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
-    WHERE o.scope = ?1 AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?7
-    ORDER BY o.last_seen LIMIT 1);
+    WHERE o.scope = ?6 AND o.status = 'left' AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?7
+    ORDER BY o.last_seen, o.instance LIMIT 1);
 
 -- name: node_join
 -- args: scope, instance, node id, host, pid, endpoint.
