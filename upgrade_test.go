@@ -99,10 +99,13 @@ func TestSchemaUpgradeFromVersion3(t *testing.T) {
 		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
 			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
 		}
+		// b is up before a resigns: started after, it could take longer to
+		// start than a's hold-off lasts (it did once in CI, on SQLite under
+		// -race), and a would lead again.
+		b := start(t, tg, "b")
 		if err := a.Resign(ctx); err != nil {
 			t.Fatalf("release after the upgrade: %v", err)
 		}
-		b := start(t, tg, "b")
 		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
 		if got := b.FencingToken(); got != 9 {
 			t.Fatalf("b's term after a's has token %d, want 9", got)
