@@ -529,15 +529,23 @@ func TestSuccessorAttemptsOnListeningConnection(t *testing.T) {
 	}
 	took := waitFor(t, time.Second, "b to take over", b.IsLeader)
 	t.Logf("b led %v after the release", took.Round(time.Millisecond))
-	var attempts []bool // whether each attempt after the release ran on the listening connection
+	// b's attempts on the lease after the release (not a listener's
+	// warm-up, which runs on a scratch lease), and whether each ran on the
+	// listening connection. One must have: not always the first, as under
+	// -race on a loaded machine an attempt on a pooled connection came
+	// first once in three runs ([false true]: a poll timed just before the
+	// release, or a woken attempt later than the 5 ms the listener offers
+	// its connection for). Without lending none runs on it.
+	var attempts []bool
 	for _, s := range log.all()[before:] {
-		if strings.Contains(s.sql, "acquire(") {
+		if strings.Contains(s.sql, "acquire(") && slices.Contains(s.args, any("leader")) {
 			attempts = append(attempts, s.conn == listening)
 		}
 	}
-	if len(attempts) == 0 || !attempts[0] {
-		t.Fatalf("b's attempts after the release, on its listening connection or not: %v; want the first on it", attempts)
+	if !slices.Contains(attempts, true) {
+		t.Fatalf("b's attempts after the release, on its listening connection or not: %v; want one on it", attempts)
 	}
+	t.Logf("b's attempts after the release, on its listening connection or not: %v", attempts)
 	// It still hears: a release of b's term by the operator wakes a.
 	waitFor(t, 5*time.Second, "a to hear releases", func() bool { return a.Stats().HearingReleases && !a.IsLeader() })
 	if err := admin.QueryRow(ctx, "SELECT successor FROM "+tg.Prefix+"release($1, NULL, NULL, NULL)", "leader").Scan(&successor); err != nil {
