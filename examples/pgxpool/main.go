@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,10 +120,23 @@ func run(ctx context.Context, dsn string) error {
 	return nil
 }
 
-// dropTables removes the demo's tables.
+// dropTables removes the demo's tables, and the functions the cluster
+// schema made under the same prefix (the lease statements' and the guard
+// triggers'), which outlive the tables.
 func dropTables(pool *pgxpool.Pool, prefix string) {
 	ctx := context.Background()
-	for _, t := range []string{"orders", "lease", "high_water", "chain_tips", "state", "schema_version"} {
-		pool.Exec(ctx, "DROP TABLE IF EXISTS "+prefix+t)
+	list := func(q string) []string {
+		rows, err := pool.Query(ctx, q, strings.ReplaceAll(prefix, "_", `\_`)+"%")
+		if err != nil {
+			return nil
+		}
+		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		return names
+	}
+	for _, t := range list("SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() AND table_name LIKE $1") {
+		pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{t}.Sanitize()+" CASCADE")
+	}
+	for _, f := range list("SELECT oid::regprocedure::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace AND proname LIKE $1") {
+		pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+f)
 	}
 }
