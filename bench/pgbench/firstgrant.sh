@@ -13,19 +13,8 @@
 # It creates the cluster tables under the prefix pgb_ with clusterctl and
 # drops them at the end.
 set -euo pipefail
-dsn=${1:-${CLUSTER_TEST_POSTGRES_DSN:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-cleanup() {
-	psql "$dsn" -Atc "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', table_name) FROM information_schema.tables
-		WHERE table_schema = current_schema() AND table_name LIKE 'pgb\_%'
-		UNION ALL SELECT format('DROP FUNCTION IF EXISTS %s;', oid::regprocedure) FROM pg_proc
-		WHERE pronamespace = current_schema()::regnamespace AND proname LIKE 'pgb\_%'" | psql "$dsn" -q >/dev/null
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-(cd "$root" && go run ./cmd/clusterctl migrate -dsn "$dsn" -prefix pgb_)
+prefix=pgb_
+source "$(dirname "$0")/setup.sh"
 psql "$dsn" -qc "INSERT INTO pgb_lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('x', 'h', 'i', 1, 0, 0, 0, '') ON CONFLICT DO NOTHING"
 
 # query NAME: the named query of schema/postgres_queries.sql on one line,

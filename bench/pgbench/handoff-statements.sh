@@ -9,19 +9,8 @@
 # It creates the cluster tables under the prefix pgh_ with clusterctl and
 # drops them at the end.
 set -euo pipefail
-dsn=${1:-${CLUSTER_TEST_POSTGRES_DSN:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-cleanup() {
-	psql "$dsn" -Atc "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', table_name) FROM information_schema.tables
-		WHERE table_schema = current_schema() AND table_name LIKE 'pgh\_%'
-		UNION ALL SELECT format('DROP FUNCTION IF EXISTS %s;', oid::regprocedure) FROM pg_proc
-		WHERE pronamespace = current_schema()::regnamespace AND proname LIKE 'pgh\_%'" | psql "$dsn" -q >/dev/null
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-(cd "$root" && go run ./cmd/clusterctl migrate -dsn "$dsn" -prefix pgh_)
+prefix=pgh_
+source "$(dirname "$0")/setup.sh"
 cat >"$work/handoff.sql" <<'SQL'
 \set n random(1, 1000000000)
 SELECT granted FROM pgh_acquire('h', 'i' || :n, 2000, '', 'L');

@@ -12,19 +12,8 @@
 # It creates the cluster tables under the prefix pgp_ with clusterctl and
 # drops them at the end.
 set -euo pipefail
-dsn=${1:-${CLUSTER_TEST_POSTGRES_DSN:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-cleanup() {
-	psql "$dsn" -Atc "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', table_name) FROM information_schema.tables
-		WHERE table_schema = current_schema() AND table_name LIKE 'pgp\_%'
-		UNION ALL SELECT format('DROP FUNCTION IF EXISTS %s;', oid::regprocedure) FROM pg_proc
-		WHERE pronamespace = current_schema()::regnamespace AND proname LIKE 'pgp\_%'" | psql "$dsn" -q >/dev/null
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-(cd "$root" && go run ./cmd/clusterctl migrate -dsn "$dsn" -prefix pgp_)
+prefix=pgp_
+source "$(dirname "$0")/setup.sh"
 psql "$dsn" -qc "INSERT INTO pgp_lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES
 	('held', 'h', 'i', 1, 0, 0, 9000000000000000, ''), ('free', 'h', 'i', 1, 0, 0, 0, '')"
 
