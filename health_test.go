@@ -198,9 +198,9 @@ func TestMembershipRowsAreReused(t *testing.T) {
 			}
 			return n
 		}
-		age := func(id string, hours int64) {
+		age := func(id string, d time.Duration) {
 			t.Helper()
-			q := fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = '%s'", tg.Prefix, hours*3600*1000, id)
+			q := fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = '%s'", tg.Prefix, d.Milliseconds(), id)
 			if _, err := admin.ExecContext(ctx, q); err != nil {
 				t.Fatal(err)
 			}
@@ -218,13 +218,11 @@ func TestMembershipRowsAreReused(t *testing.T) {
 		dead.Shutdown(ctx)
 		// b1 left 3 hours ago, b2 5, b3 half an hour ago (kept); dead and
 		// other were seen 30 hours ago.
-		age("b1", 3)
-		age("b2", 5)
-		age("dead", 30)
-		age("other", 30)
-		if _, err := admin.ExecContext(ctx, fmt.Sprintf("UPDATE %snodes SET last_seen = last_seen - %d WHERE node_id = 'b3'", tg.Prefix, 1800*1000)); err != nil {
-			t.Fatal(err)
-		}
+		age("b1", 3*time.Hour)
+		age("b2", 5*time.Hour)
+		age("b3", 30*time.Minute)
+		age("dead", 30*time.Hour)
+		age("other", 30*time.Hour)
 		if n := rows(); n != 6 {
 			t.Fatalf("%d membership rows after six nodes joined; want 6", n)
 		}
