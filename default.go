@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -411,6 +412,15 @@ func Fence(ctx context.Context, tx DBTX) (uint64, error) {
 		}
 	}
 	return FenceWith(ctx, sqlQuerier{tx})
+}
+
+// BeginFenced begins a transaction on db and fences it with the default
+// instance; see [Cluster.BeginFenced]. When [Init] was never called it
+// begins the transaction and returns token 0; while Init runs, after it
+// failed and after [Shutdown] it returns the error [Fence] would, with no
+// transaction left open.
+func BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
+	return beginFenced(ctx, db, opts, "cluster.BeginFenced", Fence)
 }
 
 // FenceWith is [Fence] for a transaction of any driver; see

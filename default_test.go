@@ -207,6 +207,11 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if token != 0 {
 			t.Errorf("Fence = %d", token)
 		}
+		tx, token, err := cluster.BeginFenced(ctx, db, nil)
+		wraps("BeginFenced", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
+		if tx != nil || token != 0 {
+			t.Errorf("BeginFenced = %v, %d; want no transaction", tx, token)
+		}
 		wraps("AdvanceTip", cluster.AdvanceTip(ctx, db, "audit", 1, []byte("h")), cluster.ErrStaleFencingToken)
 		l, err := cluster.CurrentLeader(ctx)
 		wraps("CurrentLeader", err)
@@ -233,12 +238,17 @@ func TestFailedInitFailsClosed(t *testing.T) {
 			t.Fatalf("after the retried Init: IsLeader %v, FencingToken %d, RequireLeader %v",
 				cluster.IsLeader(), cluster.FencingToken(), cluster.RequireLeader())
 		}
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err = db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if token, err := cluster.Fence(ctx, tx); err != nil || token != cluster.FencingToken() {
 			t.Fatalf("Fence after the retried Init = %d, %v", token, err)
+		}
+		tx.Rollback()
+		tx, token, err = cluster.BeginFenced(ctx, db, nil)
+		if err != nil || token != cluster.FencingToken() {
+			t.Fatalf("BeginFenced after the retried Init = %d, %v", token, err)
 		}
 		tx.Rollback()
 		if code, _ := discover(t); code != http.StatusOK {

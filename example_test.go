@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite"
 
 	"github.com/sqlfence/cluster"
@@ -207,6 +208,71 @@ func ExampleCluster_Fence() {
 	// Output:
 	// while leading: <nil>
 	// after losing the lease: true true
+}
+
+// BeginFenced begins a transaction and fences it in one call; on a pool of
+// OpenMySQL it also spares the transaction its START TRANSACTION.
+func ExampleCluster_BeginFenced() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER, fencing_token INTEGER)"); err != nil {
+		log.Fatal(err)
+	}
+
+	pay := func(amount int) error {
+		tx, token, err := c.BeginFenced(ctx, db, nil)
+		if err != nil {
+			return err // not the leader any more: no transaction is open
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO payments (amount, fencing_token) VALUES (?, ?)", amount, token); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	fmt.Println("while leading:", pay(100))
+	c.Shutdown(ctx)
+	fmt.Println("after losing the lease:", errors.Is(pay(200), cluster.ErrStaleFencingToken))
+	// Output:
+	// while leading: <nil>
+	// after losing the lease: true
+}
+
+// OpenMySQL opens the pool a MySQL or MariaDB service gives the cluster
+// and begins its fenced transactions on.
+func ExampleOpenMySQL() {
+	cfg, err := mysql.ParseDSN("app:secret@tcp(db.internal:3306)/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := cluster.OpenMySQL(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if err := cluster.Init(ctx, cluster.Config{NodeID: "api-1", DB: db}); err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Shutdown(ctx)
+
+	tx, token, err := cluster.BeginFenced(ctx, db, nil) // no START TRANSACTION: the fence's read opens it
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "INSERT INTO payments (amount, fencing_token) VALUES (?, ?)", 100, token); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
 }
 
 // AdvanceTip records a hash-chained table's new tip in the transaction that

@@ -382,3 +382,45 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 	}
 	return nil, nil, err
 }
+
+// BeginFenced begins a database/sql transaction on db with opts (nil: the
+// defaults), fences it as [Cluster.Fence] does, and returns the
+// transaction, for the caller to commit or roll back, and the token of
+// the term it verified, for the rows the transaction writes. On a pool
+// opened by [OpenMySQL] the transaction begins without a START
+// TRANSACTION of its own (the fence's read opens it), so it takes no more
+// round trips than the same one begun with db.BeginTx; on any other
+// *sql.DB it is db.BeginTx followed by Fence.
+//
+// On error no transaction is left open: when this node does not lead, or
+// its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was
+// written.
+//
+//	tx, token, err := c.BeginFenced(ctx, db, nil)
+//	if err != nil {
+//		return err
+//	}
+//	defer tx.Rollback()
+//	// ... writes, storing token ...
+//	return tx.Commit()
+func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
+	return beginFenced(ctx, db, opts, "Cluster.BeginFenced", c.Fence)
+}
+
+// beginFenced begins a transaction on db, implicitly where the pool can,
+// and fences it with fence.
+func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, call string, fence func(context.Context, DBTX) (uint64, error)) (*sql.Tx, uint64, error) {
+	if db == nil {
+		return nil, 0, fmt.Errorf("%w: %s needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig, call)
+	}
+	tx, err := db.BeginTx(context.WithValue(ctx, implicitBeginKey{}, true), opts)
+	if err != nil {
+		return nil, 0, err
+	}
+	token, err := fence(ctx, tx)
+	if err != nil {
+		tx.Rollback()
+		return nil, 0, err
+	}
+	return tx, token, nil
+}

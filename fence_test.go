@@ -283,26 +283,7 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		}
 		return l
 	}
-	// locked reports whether the lease row stays locked against another
-	// connection's NOWAIT lock over several tries (a's renews lock it for
-	// a moment each heartbeat).
-	locked := func() bool {
-		t.Helper()
-		for try := 0; try < 5; try++ {
-			otx, err := other.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var name string
-			err = otx.QueryRowContext(ctx, "SELECT name FROM "+tg.Prefix+"lease WHERE name = ? FOR UPDATE NOWAIT", "leader").Scan(&name)
-			otx.Rollback()
-			if err == nil {
-				return false
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return true
-	}
+	locked := func() bool { t.Helper(); return leaseLocked(t, tg, other) }
 	want := int((testdb.LeaseTTL + time.Second - 1) / time.Second)
 	bounded := func(l limits) bool {
 		return l.any >= 1 && l.any <= want && l.write >= 0 && l.write <= want && l.readonly >= 0 && l.readonly <= want

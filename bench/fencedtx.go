@@ -214,9 +214,12 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, db *sql.DB, q t
 				token uint64
 				err   error
 			)
-			if form == formFenced && tg.beginFenced {
+			switch {
+			case form == formFenced && tg.beginFenced && tg.dialect == cluster.MySQL:
+				tx, token, err = c.BeginFenced(ctx, db, nil)
+			case form == formFenced && tg.beginFenced:
 				tx, token, err = clusterpgx.BeginFencedSQL(ctx, c, db, nil)
-			} else {
+			default:
 				tx, err = db.BeginTx(ctx, nil)
 			}
 			if err != nil {

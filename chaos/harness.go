@@ -25,7 +25,7 @@ import (
 // An experiment is one seeded run against one dialect.
 type experiment struct {
 	Dialect     cluster.Dialect
-	Stack       string // how nodes reach the database (stackSQL, or stackPgx on PostgreSQL)
+	Stack       string // how nodes reach the database (stackSQL, stackPgx on PostgreSQL, stackOpen on MySQL)
 	DSN         string // server DSN (PostgreSQL, MySQL)
 	Seed        uint64
 	Duration    time.Duration // of the nemesis schedule
@@ -108,8 +108,8 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	if err := allowed(e.Dialect, e.Stack, kinds); err != nil {
 		return nil, err
 	}
-	if e.Stack != stackSQL && (e.Stack != stackPgx || e.Dialect != cluster.Postgres) {
-		return nil, fmt.Errorf("stack %q is not available on %s (the pgx stack needs PostgreSQL)", e.Stack, e.Dialect)
+	if ok := e.Stack == stackSQL || e.Stack == stackPgx && e.Dialect == cluster.Postgres || e.Stack == stackOpen && e.Dialect == cluster.MySQL; !ok {
+		return nil, fmt.Errorf("stack %q is not available on %s (the pgx stack needs PostgreSQL, the open stack MySQL)", e.Stack, e.Dialect)
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sqlfence/cluster"
@@ -43,7 +44,7 @@ type nodeConfig struct {
 	StaleWrites  int           // writes under the old token after each term ends
 	WallOffset   time.Duration // how far this node's wall clock is set off
 	Mutant       string
-	Stack        string // how the node reaches PostgreSQL: stackSQL or stackPgx
+	Stack        string // how the node reaches its database: stackSQL, stackPgx or stackOpen
 }
 
 // Stacks: how a node reaches its database.
@@ -56,6 +57,11 @@ const (
 	// connection; fenced writes begin with clusterpgx.BeginFencedSQL (the
 	// BEGIN and the fence in one round trip).
 	stackPgx = "pgx"
+	// stackOpen (MySQL): a pool of cluster.OpenMySQL as Config.DB; fenced
+	// writes begin with cluster.BeginFenced, which sends no START
+	// TRANSACTION (the fence's locked read opens the transaction on a
+	// session with autocommit off).
+	stackOpen = "open"
 )
 
 // The mutants a node can play (see mutant_test.go and RELIABILITY.md).
@@ -220,6 +226,16 @@ func open(cfg nodeConfig) (*sql.DB, cluster.Provider, error) {
 			return nil, nil, err
 		}
 		return db, p, nil
+	case stackOpen:
+		if cfg.Dialect != cluster.MySQL {
+			return nil, nil, fmt.Errorf("stack %q needs MySQL, not %s", cfg.Stack, cfg.Dialect)
+		}
+		mc, err := mysql.ParseDSN(cfg.DSN)
+		if err != nil {
+			return nil, nil, err
+		}
+		db, err := cluster.OpenMySQL(mc)
+		return db, nil, err
 	}
 	return nil, nil, fmt.Errorf("unknown stack %q", cfg.Stack)
 }
@@ -443,6 +459,11 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	if style == styleFenced && n.cfg.Stack == stackPgx {
 		// The BEGIN and the fence in one round trip.
 		if tx, token, err = clusterpgx.BeginFencedSQL(ctx, n.c, n.db, nil); err != nil {
+			return fail("begin and fence", err)
+		}
+	} else if style == styleFenced && n.cfg.Stack == stackOpen {
+		// No START TRANSACTION: the fence's read opens the transaction.
+		if tx, token, err = n.c.BeginFenced(ctx, n.db, nil); err != nil {
 			return fail("begin and fence", err)
 		}
 	} else {
