@@ -72,6 +72,10 @@ var (
 // LeaseTTL (see the README for each dialect). Outside a transaction (tx an
 // *sql.DB) Fence is only a check of the moment.
 //
+// A statement that ends the transaction early (DDL, LOCK TABLES, a
+// deadlock on MySQL, which rolls the transaction back) ends the fence with
+// it: roll back and retry rather than write on.
+//
 // On SQLite, open the database with _txlock=immediate so that a fenced
 // transaction takes the write lock when it begins; in a deferred
 // transaction a later acquisition can still commit between Fence and the
@@ -388,9 +392,11 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 // transaction, for the caller to commit or roll back, and the token of
 // the term it verified, for the rows the transaction writes. On a pool
 // opened by [OpenMySQL] the transaction begins without a START
-// TRANSACTION of its own (the fence's read opens it), so it takes no more
-// round trips than the same one begun with db.BeginTx; on any other
-// *sql.DB it is db.BeginTx followed by Fence.
+// TRANSACTION of its own (the fence's read opens it), so fenced
+// transactions that follow one another on a connection take no more
+// round trips than the same ones begun with db.BeginTx (see OpenMySQL for
+// the cost of switching); on any other *sql.DB it is db.BeginTx followed
+// by Fence.
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was

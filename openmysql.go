@@ -13,37 +13,74 @@ import (
 // OpenMySQL opens a database/sql pool of go-sql-driver/mysql on cfg, as
 // sql.OpenDB(mysql.NewConnector(cfg)) would, whose connections can begin
 // a fenced transaction without a round trip of its own: [BeginFenced] and
-// [Cluster.BeginFenced] on it send no START TRANSACTION, and the fence's
-// locked read opens the transaction, so the fenced transaction takes no
-// more round trips than the same one begun with db.BeginTx (as
+// [Cluster.BeginFenced] on it send no START TRANSACTION when the
+// connection's previous transaction was fenced too, and the fence's
+// locked read opens the transaction, so back-to-back fenced transactions
+// take no more round trips than the same ones begun with db.BeginTx (as
 // clusterpgx.BeginFencedSQL does on PostgreSQL by sending the BEGIN and
 // the fence together).
 //
-// It does so by running the session with autocommit off from the first
-// fenced transaction on, and the pool keeps that invisible: a statement
-// outside a transaction on such a session first turns autocommit back on
-// (one round trip, once), and transactions begun with BeginTx behave as
-// on any pool. Do not change autocommit on the pool's sessions yourself
-// (SET autocommit): the pool tracks it, and a fenced transaction begun on
-// a session it believes has autocommit off would release the fence's
-// lock as soon as the read ends. Everything else behaves as on
-// mysql.NewConnector's pool, the Driver included, so the pool can be
-// [Config.DB] too.
+// It does so by running a session with autocommit off from a fenced
+// transaction until the next statement or plain transaction, before which
+// the pool turns autocommit back on: one round trip each time a
+// connection switches from fenced transactions to other work (the first
+// fenced transaction after other work sends SET autocommit = 0 where
+// BeginTx would send START TRANSACTION). Give the cluster this pool as
+// [Config.DB] (its fence's read is then prepared, and its heartbeats
+// switch a connection at most once per heartbeat) and run the fenced
+// transactions on it; keep reads and other statements on another pool,
+// or they pay that round trip after each fenced transaction on their
+// connection. Everything else behaves as on mysql.NewConnector's pool:
+// statements outside transactions autocommit, transactions begun with
+// BeginTx run with autocommit on, and the Driver is mysql's.
+//
+// Every session starts with autocommit on, whatever the server's global
+// setting or init_connect: the pool adds autocommit=1 to cfg's Params,
+// and refuses a cfg whose Params set autocommit. Do not change autocommit
+// on the pool's sessions yourself (SET autocommit): the pool tracks it,
+// and a fenced transaction begun on a session it believes has autocommit
+// off would release the fence's lock as soon as the read ends. Behind a
+// proxy that routes statements (ProxySQL's read/write split), which sees
+// no START TRANSACTION to pin the transaction to the primary by, open the
+// pool with sql.Open and fence with BeginTx and [Cluster.Fence].
+//
+// A statement that ends the transaction early (DDL, LOCK TABLES, or a
+// deadlock, which rolls it back) ends the fence with it, on any pool:
+// roll back and retry. Here the statements after it would be held until
+// Commit, where on another pool they would autocommit one by one;
+// unfenced either way.
 func OpenMySQL(cfg *mysql.Config) (*sql.DB, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: cluster.OpenMySQL needs a *mysql.Config (mysql.ParseDSN or mysql.NewConfig); it was given nil", ErrInvalidConfig)
 	}
-	for name := range cfg.Params {
-		if strings.EqualFold(name, "autocommit") {
+	for name, val := range cfg.Params {
+		if isAutocommit(name) {
 			return nil, fmt.Errorf("%w: cluster.OpenMySQL manages its sessions' autocommit; remove %s=%s from the DSN (or open the pool with sql.Open and fence with BeginTx and Fence)",
-				ErrInvalidConfig, name, cfg.Params[name])
+				ErrInvalidConfig, name, val)
 		}
 	}
+	cfg = cfg.Clone()
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["autocommit"] = "1" // sent with the DSN's other settings, in one SET
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: cluster.OpenMySQL: %w", ErrInvalidConfig, err)
 	}
 	return sql.OpenDB(mysqlConnector{c}), nil
+}
+
+// isAutocommit reports whether a DSN parameter (a system variable the
+// driver SETs on connecting) names autocommit: autocommit,
+// @@autocommit, @@session.autocommit, session autocommit and the like.
+func isAutocommit(param string) bool {
+	p := strings.ToLower(strings.TrimSpace(param))
+	p = strings.TrimPrefix(p, "@@")
+	for _, scope := range []string{"session.", "local.", "session ", "local "} {
+		p = strings.TrimSpace(strings.TrimPrefix(p, scope))
+	}
+	return strings.Trim(p, "`") == "autocommit"
 }
 
 // implicitBeginKey is the context key under which BeginFenced asks a
@@ -91,52 +128,83 @@ type mysqlDriverStmt interface {
 // A mysqlFencingConn is a connection of go-sql-driver/mysql that can begin
 // a transaction with autocommit off instead of START TRANSACTION.
 // database/sql uses a connection from one goroutine at a time, so its
-// two flags need no lock.
+// fields need no lock.
 type mysqlFencingConn struct {
 	c mysqlDriverConn
 	// autocommitOff: the session runs with autocommit off (set by an
-	// implicit begin, cleared before a statement outside a transaction).
+	// implicit begin, cleared before a statement outside a transaction
+	// and before a plain transaction).
 	autocommitOff bool
 	// inTx: a transaction begun on the connection has not ended yet.
 	inTx bool
+	// broken: a statement of the pool's own (SET autocommit, SET
+	// TRANSACTION, the implicit COMMIT or ROLLBACK) failed, so the
+	// session's state is not known: database/sql discards the connection.
+	broken bool
+	// lastErr is the error of the statement after which the driver closed
+	// the connection, for the implicit Commit and Rollback to report.
+	lastErr error
 }
 
 var _ mysqlDriverConn = (*mysqlFencingConn)(nil)
 
-// BeginTx begins a transaction as go-sql-driver/mysql does, or, asked by
-// BeginFenced (a default or READ WRITE transaction), with nothing sent
-// when the session's autocommit is off already, else after turning it
-// off: the next statement, the fence's read, opens the transaction.
+// BeginTx begins a transaction as go-sql-driver/mysql does, with
+// autocommit on, or, asked by BeginFenced (a transaction that is not
+// read-only), with nothing sent when the session's autocommit is off
+// already, else after turning it off: the next statement, the fence's
+// read, opens the transaction.
 func (fc *mysqlFencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if ctx.Value(implicitBeginKey{}) == nil || opts.ReadOnly {
+		if err := fc.autocommit(ctx); err != nil {
+			return nil, err
+		}
 		tx, err := fc.c.BeginTx(ctx, opts)
 		if err != nil {
+			fc.record(err)
 			return nil, err
 		}
 		fc.inTx = true
 		return &mysqlTx{fc: fc, tx: tx}, nil
 	}
-	if !fc.c.IsValid() {
+	if !fc.IsValid() {
 		return nil, driver.ErrBadConn
 	}
+	var level string
+	if l := sql.IsolationLevel(opts.Isolation); l != sql.LevelDefault {
+		var err error
+		if level, err = mysqlIsolation(l); err != nil {
+			return nil, err
+		}
+	}
 	if !fc.autocommitOff {
-		if _, err := fc.c.ExecContext(ctx, "SET autocommit = 0", nil); err != nil {
+		if err := fc.own(ctx, "SET autocommit = 0"); err != nil {
 			return nil, err
 		}
 		fc.autocommitOff = true
 	}
-	if sql.IsolationLevel(opts.Isolation) != sql.LevelDefault {
-		level, err := mysqlIsolation(sql.IsolationLevel(opts.Isolation))
-		if err != nil {
-			return nil, err
-		}
+	if level != "" {
 		// Applies to the next transaction, begun explicitly or not.
-		if _, err := fc.c.ExecContext(ctx, "SET TRANSACTION ISOLATION LEVEL "+level, nil); err != nil {
+		if err := fc.own(ctx, "SET TRANSACTION ISOLATION LEVEL "+level); err != nil {
 			return nil, err
 		}
 	}
 	fc.inTx = true
 	return &mysqlTx{fc: fc}, nil
+}
+
+// own runs one of the pool's own statements, before any of the caller's:
+// on failure the session's state is not known, so the connection is
+// marked broken and, unless ctx ended, database/sql is told to retry on
+// another (driver.ErrBadConn: nothing of the caller's was sent).
+func (fc *mysqlFencingConn) own(ctx context.Context, stmt string) error {
+	if _, err := fc.c.ExecContext(ctx, stmt, nil); err != nil {
+		fc.broken = true
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return driver.ErrBadConn
+	}
+	return nil
 }
 
 // mysqlIsolation is the SQL of an isolation level, as go-sql-driver/mysql
@@ -152,40 +220,52 @@ func mysqlIsolation(l sql.IsolationLevel) (string, error) {
 	case sql.LevelSerializable:
 		return "SERIALIZABLE", nil
 	}
-	return "", fmt.Errorf("cluster.BeginFenced: MySQL has no isolation level %v", l)
+	return "", fmt.Errorf("cluster.BeginFenced: unsupported isolation level %v: MySQL has READ UNCOMMITTED, READ COMMITTED, REPEATABLE READ and SERIALIZABLE", l)
 }
 
 // autocommit turns the session's autocommit back on before a statement
 // outside a transaction, which would otherwise open one that nothing
-// commits.
+// commits, and before a plain transaction.
 func (fc *mysqlFencingConn) autocommit(ctx context.Context) error {
 	if !fc.autocommitOff || fc.inTx {
 		return nil
 	}
-	if _, err := fc.c.ExecContext(ctx, "SET autocommit = 1", nil); err != nil {
+	if err := fc.own(ctx, "SET autocommit = 1"); err != nil {
 		return err
 	}
 	fc.autocommitOff = false
 	return nil
 }
 
+// record keeps err when the driver closed the connection after it.
+func (fc *mysqlFencingConn) record(err error) {
+	if err != nil && !fc.c.IsValid() && fc.lastErr == nil {
+		fc.lastErr = err
+	}
+}
+
 func (fc *mysqlFencingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if err := fc.autocommit(ctx); err != nil {
 		return nil, err
 	}
-	return fc.c.ExecContext(ctx, query, args)
+	res, err := fc.c.ExecContext(ctx, query, args)
+	fc.record(err)
+	return res, err
 }
 
 func (fc *mysqlFencingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if err := fc.autocommit(ctx); err != nil {
 		return nil, err
 	}
-	return fc.c.QueryContext(ctx, query, args)
+	rows, err := fc.c.QueryContext(ctx, query, args)
+	fc.record(err)
+	return rows, err
 }
 
 func (fc *mysqlFencingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	s, err := fc.c.PrepareContext(ctx, query)
 	if err != nil {
+		fc.record(err)
 		return nil, err
 	}
 	ms, ok := s.(mysqlDriverStmt)
@@ -204,10 +284,19 @@ func (fc *mysqlFencingConn) Begin() (driver.Tx, error) {
 	return fc.BeginTx(context.Background(), driver.TxOptions{})
 }
 
-func (fc *mysqlFencingConn) Close() error                           { return fc.c.Close() }
-func (fc *mysqlFencingConn) Ping(ctx context.Context) error         { return fc.c.Ping(ctx) }
-func (fc *mysqlFencingConn) ResetSession(ctx context.Context) error { return fc.c.ResetSession(ctx) }
-func (fc *mysqlFencingConn) IsValid() bool                          { return fc.c.IsValid() }
+// IsValid reports false once the session's state is not known, so that
+// database/sql closes the connection rather than reuse it.
+func (fc *mysqlFencingConn) IsValid() bool { return !fc.broken && fc.c.IsValid() }
+
+func (fc *mysqlFencingConn) ResetSession(ctx context.Context) error {
+	if fc.broken {
+		return driver.ErrBadConn
+	}
+	return fc.c.ResetSession(ctx)
+}
+
+func (fc *mysqlFencingConn) Close() error                   { return fc.c.Close() }
+func (fc *mysqlFencingConn) Ping(ctx context.Context) error { return fc.c.Ping(ctx) }
 func (fc *mysqlFencingConn) CheckNamedValue(nv *driver.NamedValue) error {
 	return fc.c.CheckNamedValue(nv)
 }
@@ -230,14 +319,22 @@ func (t *mysqlTx) end(stmt string) error {
 	t.fc = nil
 	fc.inTx = false
 	switch {
-	case t.tx == nil:
-		_, err := fc.c.ExecContext(context.Background(), stmt, nil)
-		return err
-	case stmt == "COMMIT":
+	case t.tx != nil && stmt == "COMMIT":
 		return t.tx.Commit()
-	default:
+	case t.tx != nil:
 		return t.tx.Rollback()
 	}
+	if _, err := fc.c.ExecContext(context.Background(), stmt, nil); err != nil {
+		fc.broken = true // whether the transaction ended is not known
+		if fc.lastErr != nil && !fc.c.IsValid() {
+			// The driver closed the connection after a statement of the
+			// transaction failed (a cancelled context, a lost
+			// connection): report why, as its own transactions do.
+			return fc.lastErr
+		}
+		return err
+	}
+	return nil
 }
 
 // A mysqlStmt is a prepared statement of a mysqlFencingConn, which turns
@@ -256,14 +353,18 @@ func (s *mysqlStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
 	if err := s.fc.autocommit(ctx); err != nil {
 		return nil, err
 	}
-	return s.s.ExecContext(ctx, args)
+	res, err := s.s.ExecContext(ctx, args)
+	s.fc.record(err)
+	return res, err
 }
 
 func (s *mysqlStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	if err := s.fc.autocommit(ctx); err != nil {
 		return nil, err
 	}
-	return s.s.QueryContext(ctx, args)
+	rows, err := s.s.QueryContext(ctx, args)
+	s.fc.record(err)
+	return rows, err
 }
 
 //lint:ignore SA1019 driver.Stmt requires them; database/sql calls the Context forms.

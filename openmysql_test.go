@@ -259,6 +259,22 @@ func TestOpenMySQLBeginsFencedTransactionsImplicitly(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	// A plain transaction after a fenced one runs with autocommit on, as
+	// on any pool (a statement after an implicit commit in it would
+	// otherwise be held until its end).
+	fenced("before plain autocommit", true)
+	tx, err = db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var autocommit int
+	if err := tx.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); err != nil {
+		t.Fatal(err)
+	}
+	tx.Rollback()
+	if autocommit != 1 {
+		t.Fatalf("a plain transaction after a fenced one runs with autocommit %d, want 1", autocommit)
+	}
 	if got, gone := countRows(t, other, rows, "plain"), countRows(t, other, rows, "plain rolled back"); got != 1 || gone != 0 {
 		t.Fatalf("plain transactions after a fenced one: %d committed rows (want 1), %d rolled-back rows (want 0)", got, gone)
 	}
@@ -363,11 +379,61 @@ func TestOpenMySQLRefusesBadConfig(t *testing.T) {
 	if _, err := cluster.OpenMySQL(nil); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("OpenMySQL(nil) = %v, want ErrInvalidConfig", err)
 	}
-	cfg, err := mysqldrv.ParseDSN("app@tcp(db.internal:3306)/app?autocommit=0")
+	for _, param := range []string{"autocommit", "AUTOCOMMIT", "@@autocommit", "@@session.autocommit", "@@SESSION.AutoCommit", "@@local.autocommit"} {
+		cfg, err := mysqldrv.ParseDSN("app@tcp(db.internal:3306)/app?" + param + "=0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cluster.OpenMySQL(cfg); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), param+"=0") {
+			t.Errorf("OpenMySQL(%s=0) = %v, want ErrInvalidConfig naming the setting", param, err)
+		}
+	}
+	// A DSN without it: every session starts with autocommit on, whatever
+	// the server's default, and the caller's config is left as it was.
+	cfg, err := mysqldrv.ParseDSN("app@tcp(db.internal:3306)/app?sql_mode=%27ANSI%27")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cluster.OpenMySQL(cfg); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "autocommit=0") {
-		t.Fatalf("OpenMySQL(autocommit=0) = %v, want ErrInvalidConfig naming the setting", err)
+	db, err := cluster.OpenMySQL(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	db.Close()
+	if _, ok := cfg.Params["autocommit"]; ok || len(cfg.Params) != 1 {
+		t.Errorf("OpenMySQL changed the caller's Params: %v", cfg.Params)
+	}
+}
+
+// A fenced transaction whose statement was cancelled by its own context
+// (the driver closes the connection) reports the cause at Commit, as a
+// transaction of go-sql-driver/mysql does, and the pool goes on.
+func TestOpenMySQLCommitAfterCancelledStatement(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.MySQL)
+	ctx := context.Background()
+	a := startOn(t, tg, tg.Open(t), "a")
+	waitFor(t, 2*time.Second, "a to lead", a.IsLeader)
+	db := openMySQL(t, tg)
+	tx, _, err := a.BeginFenced(ctx, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = tx.ExecContext(sctx, "DO SLEEP(2)")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a statement past its deadline = %v", err)
+	}
+	if err := tx.Commit(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Commit after a cancelled statement = %v, want the cause (context.DeadlineExceeded)", err)
+	}
+	// The server rolls the transaction back once the statement it was
+	// running ends and it finds the client gone.
+	other := tg.Open(t)
+	waitFor(t, 5*time.Second, "the lease row to be unlocked", func() bool { return !leaseLocked(t, tg, other) })
+	tx, _, err = a.BeginFenced(ctx, db, nil)
+	if err != nil {
+		t.Fatalf("BeginFenced after a connection was closed: %v", err)
+	}
+	tx.Rollback()
 }
