@@ -517,7 +517,7 @@ func (c *Cluster) rejoin(ctx context.Context) {
 		return
 	}
 	c.joined.Store(true)
-	c.log.InfoContext(ctx, "cluster: recorded this node's membership, which its start could not")
+	c.log.InfoContext(ctx, "cluster: recorded this node's membership again")
 }
 
 // keeperTimeout bounds a keeper statement: it may wait for its turn (a
@@ -570,7 +570,15 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		// does, every heartbeat: the fair share counts a member as live
 		// only while it was seen within the lane window.
 		sctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
-		if err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance); err != nil && ctx.Err() == nil {
+		err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
+		switch {
+		case errors.Is(err, errNotMember):
+			// The next heartbeat joins again (refreshLanes), and then
+			// the lanes, as the new row does not take them yet.
+			c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
+			c.joined.Store(false)
+			c.lanes.joined = false
+		case err != nil && ctx.Err() == nil:
 			c.log.DebugContext(ctx, "cluster: membership refresh for lanes failed", "err", err)
 		}
 		cancel()

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -68,7 +69,12 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 	defer cancel()
-	if err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance); err != nil {
+	err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
+	switch {
+	case errors.Is(err, errNotMember):
+		c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
+		c.join(ctx)
+	case err != nil:
 		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 	}
 }

@@ -692,9 +692,17 @@ func (p *DBProvider) RotateVaultState(ctx context.Context, scope, from, to, node
 // the next node to join takes it over (node_recycle).
 const leftRetention = time.Hour
 
+// crashedRetention is how long the row of a member still marked active is
+// kept after it was last seen (its process died without Shutdown): then
+// the next node to join takes it over. A process that resumes after a
+// pause this long finds its row gone; where Seen runs (MySQL, SQLite) it
+// reports that and the node joins again.
+const crashedRetention = 7 * 24 * time.Hour
+
 // Join implements [MemberStore]. The new member takes over the row of a
-// member of scope that left more than leftRetention ago, if there is one,
-// and adds a row otherwise, so clean restarts do not grow the table.
+// member of scope that left more than leftRetention ago, or was last seen
+// more than crashedRetention ago, if there is one, and adds a row
+// otherwise, so restarts do not grow the table.
 func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -702,7 +710,7 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	}
 	defer release()
 	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeRecycle, statementLimit(ctx)),
-		m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, leftRetention.Milliseconds())
+		m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, leftRetention.Milliseconds(), crashedRetention.Milliseconds())
 	if err == nil && n == 1 {
 		return nil
 	}
@@ -717,9 +725,27 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	return nil
 }
 
-// Seen implements [MemberStore].
+// errNotMember is what Seen returns when the instance has no row.
+var errNotMember = errors.New("no membership row")
+
+// Seen implements [MemberStore]. When instance has no row in scope (a
+// node joining took it over after it went unseen for crashedRetention) it
+// returns an error, and the node joins again.
 func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
-	return p.exec(ctx, "refresh membership", p.q.NodeSeen, scope, instance)
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeSeen, statementLimit(ctx)), scope, instance)
+	if err != nil {
+		return p.wrap("refresh membership", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("cluster: refresh membership: instance %s has no row under lease name %q (a node that joined took it over after it went unseen for %v): %w",
+			instance, scope, crashedRetention, errNotMember)
+	}
+	return nil
 }
 
 // Leave implements [MemberStore].

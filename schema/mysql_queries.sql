@@ -222,21 +222,24 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 {{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};
 
 -- name: node_recycle
--- args: instance, node id, host, pid, endpoint, scope, retention ms (this
--- order on every dialect, MySQL's placeholders being positional). A
--- joining node takes over the row of a member of the scope that left
--- (Shutdown) longer than the retention ago, the oldest first, rather than
--- adding one, so clean restarts do not grow the table, with no DELETE
--- right. Only rows marked left: an instance that left never writes its
--- row again, while an active one unseen for long may be a paused process
--- that would find its row gone. No row updated: node_join adds one.
+-- args: instance, node id, host, pid, endpoint, scope, retention ms,
+-- crashed retention ms (this order on every dialect, MySQL's placeholders
+-- being positional). A joining node takes over the row of a member of the
+-- scope that left (Shutdown) longer than the retention ago, or that was
+-- last seen longer than the crashed retention ago while still marked
+-- active (its process died without Shutdown), the oldest first, rather
+-- than adding one, so restarts do not grow the table, with no DELETE
+-- right. The crashed retention is days: a process paused that long finds
+-- its row gone (node_seen updates no row) and joins again. No row
+-- updated: node_join adds one.
 UPDATE {{prefix}}nodes
 SET instance = ?, node_id = ?, host = ?, pid = ?, endpoint = ?,
     started_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     status = 'active', takes_lanes = 0
-WHERE scope = ? AND status = 'left'
-  AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
+WHERE scope = ?
+  AND (status = 'left' AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
+    OR status = 'active' AND last_seen < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?)
 ORDER BY last_seen, instance LIMIT 1;
 
 -- name: node_join

@@ -133,21 +133,25 @@ PRAGMA busy_timeout;
 BEGIN IMMEDIATE;
 
 -- name: node_recycle
--- args: instance, node id, host, pid, endpoint, scope, retention ms (this
--- order on every dialect, MySQL's placeholders being positional). A
--- joining node takes over the row of a member of the scope that left
--- (Shutdown) longer than the retention ago, the oldest first, rather than
--- adding one, so clean restarts do not grow the table, with no DELETE
--- right. Only rows marked left: an instance that left never writes its
--- row again, while an active one unseen for long may be a paused process
--- that would find its row gone. No row updated: node_join adds one.
+-- args: instance, node id, host, pid, endpoint, scope, retention ms,
+-- crashed retention ms (this order on every dialect, MySQL's placeholders
+-- being positional). A joining node takes over the row of a member of the
+-- scope that left (Shutdown) longer than the retention ago, or that was
+-- last seen longer than the crashed retention ago while still marked
+-- active (its process died without Shutdown), the oldest first, rather
+-- than adding one, so restarts do not grow the table, with no DELETE
+-- right. The crashed retention is days: a process paused that long finds
+-- its row gone (node_seen updates no row) and joins again. No row
+-- updated: node_join adds one.
 UPDATE {{prefix}}nodes
 SET instance = ?1, node_id = ?2, host = ?3, pid = ?4, endpoint = ?5,
     started_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), last_seen = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     status = 'active', takes_lanes = 0
 WHERE (scope, instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
-    WHERE o.scope = ?6 AND o.status = 'left' AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?7
+    WHERE o.scope = ?6
+      AND (o.status = 'left' AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?7
+        OR o.status = 'active' AND o.last_seen < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?8)
     ORDER BY o.last_seen, o.instance LIMIT 1);
 
 -- name: node_join
