@@ -74,11 +74,12 @@ type Cluster struct {
 	// heardSuccessor is set when Shutdown heard another node take the
 	// lease it released (for the tests).
 	heardSuccessor atomic.Bool
-	hearing        atomic.Bool // releases by other processes are heard (LISTEN)
-	heartbeating   atomic.Bool // the heartbeat (or a follower's watch) runs
-	joined         atomic.Bool // this node's membership row is active
-	haltedFlag     atomic.Bool // halted is set; readable from any goroutine
-	steps          int         // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	hearing        atomic.Bool   // releases by other processes are heard (LISTEN)
+	heartbeating   atomic.Bool   // the heartbeat (or a follower's watch) runs
+	joined         atomic.Bool   // this node's membership row is active
+	joins          atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
+	haltedFlag     atomic.Bool   // halted is set; readable from any goroutine
+	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

@@ -213,8 +213,12 @@ func TestMembershipRowsAreReused(t *testing.T) {
 		for _, id := range []string{"b1", "b2", "b3"} {
 			start(t, tg, id, follower).Shutdown(ctx)
 		}
-		// A member of another lease name that left long ago.
-		start(t, tg, "other", follower, func(c *cluster.Config) { c.LeaseName = "other" }).Shutdown(ctx)
+		// Members of another lease name: one left long ago, one crashed.
+		otherLease := func(c *cluster.Config) { c.LeaseName = "other" }
+		start(t, tg, "other", follower, otherLease).Shutdown(ctx)
+		oc := startOn(t, tg, tg.Open(t), "other-crashed", follower, otherLease)
+		oc.db.Close()
+		oc.Shutdown(ctx)
 		// Members that died without Shutdown: their rows stay active.
 		for _, id := range []string{"dead", "crashed"} {
 			n := startOn(t, tg, tg.Open(t), id, follower)
@@ -230,8 +234,9 @@ func TestMembershipRowsAreReused(t *testing.T) {
 		age("dead", 30*time.Hour)
 		age("other", 30*time.Hour)
 		age("crashed", 8*24*time.Hour)
-		if n := rows(); n != 7 {
-			t.Fatalf("%d membership rows after seven nodes joined; want 7", n)
+		age("other-crashed", 9*24*time.Hour)
+		if n := rows(); n != 8 {
+			t.Fatalf("%d membership rows after eight nodes joined; want 8", n)
 		}
 		ids := func() []string {
 			t.Helper()
@@ -264,14 +269,15 @@ func TestMembershipRowsAreReused(t *testing.T) {
 		if got, want := ids(), []string{"a", "b3", "c", "d", "dead", "e"}; !slices.Equal(got, want) {
 			t.Fatalf("members after e joined: %v; want %v (e in b1's row)", got, want)
 		}
-		if n := rows(); n != 7 {
-			t.Fatalf("%d membership rows after c, d and e joined; want 7", n)
+		if n := rows(); n != 8 {
+			t.Fatalf("%d membership rows after c, d and e joined; want 8", n)
 		}
 		// None is left to take (b3 left half an hour ago, dead was seen 30
-		// hours ago, other is another lease's): the next node adds a row.
+		// hours ago, other and other-crashed are another lease's): the
+		// next node adds a row.
 		start(t, tg, "f", follower)
-		if n := rows(); n != 8 {
-			t.Fatalf("%d membership rows after f joined; want 8", n)
+		if n := rows(); n != 9 {
+			t.Fatalf("%d membership rows after f joined; want 9", n)
 		}
 		// A node in a taken-over row leaves it as its own.
 		e.Shutdown(ctx)
@@ -296,67 +302,102 @@ func TestMembershipRowsAreReused(t *testing.T) {
 
 // A node whose membership row was taken over while it went unseen (a
 // process paused for longer than a week) finds out at its next refresh
-// and joins again. Only where the refresh is a statement of its own:
-// MySQL and SQLite. On PostgreSQL the lease statements refresh the row and
-// do not report a missing one (see the README).
+// and joins again, wherever it refreshes the row with a statement of its
+// own: every node on MySQL and SQLite, a follower (RoleFollower) on
+// PostgreSQL. A PostgreSQL candidate's lease statements refresh its row
+// and do not report a missing one (see the README).
 func TestMembershipRowTakenOverJoinsAgain(t *testing.T) {
 	t.Parallel()
-	for _, d := range []cluster.Dialect{cluster.SQLite, cluster.MySQL} {
-		t.Run(string(d), func(t *testing.T) {
-			tg := testdb.New(t, d)
-			ctx := context.Background()
-			a := start(t, tg, "a")
-			start(t, tg, "f", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
-			admin := tg.Open(t)
-			// Another node took f's row over: it now holds another instance.
-			res, err := admin.ExecContext(ctx, "UPDATE "+tg.Prefix+"nodes SET instance = 'taken', node_id = 'x1' WHERE node_id = 'f'")
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a")
+		start(t, tg, "f", func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		admin := tg.Open(t)
+		takeOver := func(id string, round int) {
+			t.Helper()
+			q := fmt.Sprintf("UPDATE %snodes SET instance = 'taken-%s-%d', node_id = 'x-%s-%d' WHERE node_id = '%s'", tg.Prefix, id, round, id, round, id)
+			res, err := admin.ExecContext(ctx, q)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if n, _ := res.RowsAffected(); n != 1 {
-				t.Fatalf("took over %d rows of f, want 1", n)
+				t.Fatalf("took over %d rows of %s, want 1", n, id)
 			}
-			listed := func() bool {
-				ms, err := a.Members(ctx)
-				if err != nil {
-					t.Fatal(err)
+		}
+		listed := func() bool {
+			ms, err := a.Members(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				if m.NodeID == "f" && m.Live && m.Status == "active" {
+					return true
 				}
-				for _, m := range ms {
-					if m.NodeID == "f" && m.Live && m.Status == "active" {
-						return true
-					}
-				}
-				return false
 			}
-			if listed() {
-				t.Fatal("f is listed right after its row was taken over")
-			}
-			// f refreshes every third heartbeat.
-			waitFor(t, 20*testdb.Heartbeat, "f to join again", listed)
+			return false
+		}
+		takeOver("f", 0)
+		if listed() {
+			t.Fatal("f is listed right after its row was taken over")
+		}
+		// f refreshes every third heartbeat.
+		waitFor(t, 20*testdb.Heartbeat, "f to join again", listed)
+		if tg.Dialect == cluster.Postgres {
+			return
+		}
 
-			// A node that holds a lane refreshes its row every heartbeat
-			// (the lanes' keeper) and, its row taken over, joins again and
-			// counts towards the lanes' fair share again.
-			g := start(t, tg, "g")
-			if _, err := claimLane(ctx, g, "orders-1"); err != nil {
+		// A leader that holds a lane refreshes its row twice over (every
+		// third heartbeat, and the lanes' keeper every heartbeat); whichever
+		// finds it gone, the row it joins again takes lanes again, so the
+		// node counts towards the lanes' fair share. Several rounds, as the
+		// two race.
+		a.Shutdown(ctx)
+		g := start(t, tg, "g")
+		waitFor(t, 50*testdb.Heartbeat, "g to lead", g.IsLeader)
+		if _, err := claimLane(ctx, g, "orders-1"); err != nil {
+			t.Fatal(err)
+		}
+		takes := func() int {
+			var n int
+			err := admin.QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "g").Scan(&n)
+			if errors.Is(err, sql.ErrNoRows) {
+				return -1
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
-			takes := func() int {
-				var n int
-				err := admin.QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "g").Scan(&n)
-				if errors.Is(err, sql.ErrNoRows) {
-					return -1
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
+			return n
+		}
+		waitFor(t, 20*testdb.Heartbeat, "g to take lanes", func() bool { return takes() == 1 })
+		for round := 1; round <= 12; round++ {
+			takeOver("g", round)
+			waitFor(t, 20*testdb.Heartbeat, fmt.Sprintf("g to join again and take lanes (round %d)", round), func() bool { return takes() == 1 })
+		}
+	})
+}
+
+// On MySQL an UPDATE reports the rows it changed, and a refresh in the
+// same millisecond as the last changes none: Seen must not take that for
+// a row gone.
+func TestSeenBackToBack(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		start(t, tg, "a") // creates the tables
+		p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Join(ctx, "leader", cluster.Member{NodeID: "s", Instance: "s-1", Host: "h", PID: 1}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 200; i++ {
+			if err := p.Seen(ctx, "leader", "s-1"); err != nil {
+				t.Fatalf("Seen #%d of a member whose row is there: %v", i, err)
 			}
-			waitFor(t, 20*testdb.Heartbeat, "g to take lanes", func() bool { return takes() == 1 })
-			if _, err := admin.ExecContext(ctx, "UPDATE "+tg.Prefix+"nodes SET instance = 'taken2', node_id = 'x2' WHERE node_id = 'g'"); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 20*testdb.Heartbeat, "g to join again and take lanes", func() bool { return takes() == 1 })
-		})
-	}
+		}
+		if err := p.Seen(ctx, "leader", "gone-1"); err == nil {
+			t.Fatal("Seen of an instance without a row succeeded")
+		}
+	})
 }

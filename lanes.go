@@ -48,6 +48,7 @@ type laneState struct {
 	kick   chan struct{}           // wakes the keeper at once
 	wg     sync.WaitGroup          // the keeper goroutine
 	joined bool                    // JoinLanes succeeded; keeper goroutine only
+	joins  uint64                  // Cluster.joins when it did; keeper goroutine only
 	fails  int                     // consecutive keeper failures; keeper goroutine only
 }
 
@@ -517,6 +518,7 @@ func (c *Cluster) rejoin(ctx context.Context) {
 		return
 	}
 	c.joined.Store(true)
+	c.joins.Add(1)
 	c.log.InfoContext(ctx, "cluster: recorded this node's membership again")
 }
 
@@ -556,10 +558,13 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		// the others hold them. Join again.
 		c.rejoin(ctx)
 	}
-	if !c.lanes.joined && (c.members == nil || c.joined.Load()) {
+	// A membership row joined again (its old one taken over: rejoin here,
+	// or join on the heartbeat goroutine) does not take lanes yet.
+	joins := c.joins.Load()
+	if (!c.lanes.joined || c.lanes.joins != joins) && (c.members == nil || c.joined.Load()) {
 		jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		if err := store.JoinLanes(jctx, c.cfg.LeaseName, c.instance); err == nil {
-			c.lanes.joined = true
+			c.lanes.joined, c.lanes.joins = true, joins
 		} else if ctx.Err() == nil {
 			c.log.DebugContext(ctx, "cluster: could not record that this node takes lanes; it is not counted in their fair share yet", "err", err)
 		}
@@ -574,10 +579,9 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		switch {
 		case errors.Is(err, errNotMember):
 			// The next heartbeat joins again (refreshLanes), and then
-			// the lanes, as the new row does not take them yet.
+			// the lanes.
 			c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
 			c.joined.Store(false)
-			c.lanes.joined = false
 		case err != nil && ctx.Err() == nil:
 			c.log.DebugContext(ctx, "cluster: membership refresh for lanes failed", "err", err)
 		}

@@ -25,8 +25,9 @@ func (c *Cluster) memberTimeout() time.Duration {
 // the lease row names while its term is unexpired (the lease row decides,
 // never a flag a node sets). Members that left stay listed, with status
 // "left", until a node that joins an hour or more later takes over their
-// row. It needs a provider that implements [MemberStore], as the
-// default ones do.
+// row; members whose process died without Shutdown, listed as not Live,
+// until one joins a week after they were last seen. It needs a provider
+// that implements [MemberStore], as the default ones do.
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	if c.members == nil {
 		return nil, c.errNoCapability("Members", "MemberStore")
@@ -56,6 +57,7 @@ func (c *Cluster) join(ctx context.Context) {
 		return
 	}
 	c.joined.Store(true)
+	c.joins.Add(1)
 }
 
 // refreshMembership refreshes this node's membership every few heartbeats;

@@ -695,8 +695,9 @@ const leftRetention = time.Hour
 // crashedRetention is how long the row of a member still marked active is
 // kept after it was last seen (its process died without Shutdown): then
 // the next node to join takes it over. A process that resumes after a
-// pause this long finds its row gone; where Seen runs (MySQL, SQLite) it
-// reports that and the node joins again.
+// pause this long may find its row gone; where Seen runs (every node on
+// MySQL and SQLite, followers on PostgreSQL) it reports that and the node
+// joins again.
 const crashedRetention = 7 * 24 * time.Hour
 
 // Join implements [MemberStore]. The new member takes over the row of a
@@ -742,6 +743,17 @@ func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
 		return p.wrap("refresh membership", err)
 	}
 	if n == 0 {
+		// MySQL counts the rows an UPDATE changed: one in the same
+		// millisecond as the last (the heartbeat's and the lanes keeper's)
+		// changes none. Ask whether the row is there.
+		var one int
+		err := conn.QueryRow(ctx, p.d.bound(p.q.NodeRow, statementLimit(ctx)), scope, instance).Scan(&one)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return p.wrap("refresh membership", err)
+		}
 		return fmt.Errorf("cluster: refresh membership: instance %s has no row under lease name %q (a node that joined took it over after it went unseen for %v): %w",
 			instance, scope, crashedRetention, errNotMember)
 	}

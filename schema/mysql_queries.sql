@@ -255,6 +255,13 @@ ON DUPLICATE KEY UPDATE
 UPDATE {{prefix}}nodes SET last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, status = 'active'
 WHERE scope = ? AND instance = ?;
 
+-- name: node_row
+-- args: scope, instance. One row when the instance has a membership row
+-- (Seen asks when node_seen reports no row updated: MySQL counts the rows
+-- an UPDATE changed, and one in the same millisecond as the last changes
+-- none).
+SELECT 1 FROM {{prefix}}nodes WHERE scope = ? AND instance = ?;
+
 -- name: node_leave
 -- args: scope, instance.
 UPDATE {{prefix}}nodes SET last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, status = 'left'

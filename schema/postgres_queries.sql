@@ -232,6 +232,11 @@ ON CONFLICT (scope, instance) DO UPDATE SET
 UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'active'
 WHERE scope = $1 AND instance = $2;
 
+-- name: node_row
+-- args: scope, instance. One row when the instance has a membership row
+-- (Seen asks when node_seen reports no row updated).
+SELECT 1 FROM {{prefix}}nodes WHERE scope = $1 AND instance = $2;
+
 -- name: node_leave
 -- args: scope, instance.
 UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left'
