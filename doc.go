@@ -126,7 +126,9 @@
 //
 // [Cluster.Fence] checks the term inside the caller's transaction and holds
 // the lease row for share until it ends, so every committed write fenced
-// with token T commits before any acquisition of a later token. The chain
+// with token T commits before any acquisition of a later token;
+// [Cluster.BeginFenced] begins a transaction and fences it in one call (on
+// a pool of [OpenMySQL], with no START TRANSACTION of its own). The chain
 // tips table ([Config.Chains], [Cluster.AdvanceTip]) carries triggers that
 // refuse a tip under a stale token, a tip moving backwards or rewritten at
 // its counter with another hash, and deletes, in SQL, whoever writes. [New] and every acquisition compare each chain's
@@ -173,7 +175,9 @@
 // that wraps both the sentinel X and the error Init returned, whose text
 // it shows; errors wrapping [ErrNotLeader] carry HTTP status 503. The
 // discovery handler never shows Init's error, only the short reason.
-// [AdvanceTip] answers as Fence, except that before Init it returns an
+// [BeginFenced] answers as Fence, beginning the transaction first (and
+// leaving none open when Fence refuses). [AdvanceTip] answers as Fence,
+// except that before Init it returns an
 // error wrapping [ErrInvalidConfig]. [ClaimLane] answers as Fence, and
 // [OwnsLane] as IsLeader: in single-node mode this process owns every lane
 // and claims with token 0. [LaneOwner] answers as CurrentLeader: in
