@@ -85,10 +85,7 @@ type execer interface {
 
 func insertRow(t *testing.T, tg testdb.Target, h execer, table string, token uint64, payload string) {
 	t.Helper()
-	q := "INSERT INTO " + table + " (fencing_token, payload) VALUES (?, ?)"
-	if tg.Dialect == cluster.Postgres {
-		q = "INSERT INTO " + table + " (fencing_token, payload) VALUES ($1, $2)"
-	}
+	q := bind(tg.Dialect, "INSERT INTO "+table+" (fencing_token, payload) VALUES (?, ?)")
 	if _, err := h.ExecContext(context.Background(), q, int64(token), payload); err != nil {
 		t.Fatalf("insert %q: %v", payload, err)
 	}
