@@ -428,6 +428,9 @@ func TestOpenMySQLCommitAfterCancelledStatement(t *testing.T) {
 	// running ends and it finds the client gone.
 	other := tg.Open(t)
 	waitFor(t, 5*time.Second, "the lease row to be unlocked", func() bool { return !leaseLocked(t, tg, other) })
+	// The statement held the lease row longer than the lease lasts, so a
+	// could not renew and stood down; it leads again once the row is free.
+	waitFor(t, 5*time.Second, "a to lead again", a.IsLeader)
 	tx, _, err = a.BeginFenced(ctx, db, nil)
 	if err != nil {
 		t.Fatalf("BeginFenced after a connection was closed: %v", err)
