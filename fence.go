@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sqlfence/cluster/internal/fencedbegin"
 )
 
 // DBTX is what [Cluster.Fence] and [Cluster.AdvanceTip] need of a
@@ -395,8 +397,9 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 // TRANSACTION of its own (the fence's read opens it), so fenced
 // transactions that follow one another on a connection take no more
 // round trips than the same ones begun with db.BeginTx (see OpenMySQL for
-// the cost of switching); on any other *sql.DB it is db.BeginTx followed
-// by Fence.
+// the cost of switching); on a pool opened by clusterpgx.OpenDB or
+// OpenDBFromPool the BEGIN and the fence go to PostgreSQL in one batch;
+// on any other *sql.DB it is db.BeginTx followed by Fence.
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was
@@ -410,18 +413,27 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 //	// ... writes, storing token ...
 //	return tx.Commit()
 func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
-	return beginFenced(ctx, db, opts, "Cluster.BeginFenced", c.Fence)
+	return beginFenced(ctx, db, opts, "Cluster.BeginFenced", c, c.Fence)
 }
 
-// beginFenced begins a transaction on db, implicitly where the pool can,
-// and fences it with fence.
-func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, call string, fence func(context.Context, DBTX) (uint64, error)) (*sql.Tx, uint64, error) {
+// beginFenced begins a transaction on db and fences it with fence, or
+// lets the connection that begins it fence it (a pool of
+// clusterpgx.OpenDB, which asks fencer, nil meaning the default
+// instance), or begin it implicitly (a pool of OpenMySQL).
+func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, call string, fencer *Cluster, fence func(context.Context, DBTX) (uint64, error)) (*sql.Tx, uint64, error) {
 	if db == nil {
 		return nil, 0, fmt.Errorf("%w: %s needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig, call)
 	}
-	tx, err := db.BeginTx(context.WithValue(ctx, implicitBeginKey{}, true), opts)
+	req := &fencedbegin.Request{}
+	if fencer != nil {
+		req.Fencer = fencer
+	}
+	tx, err := db.BeginTx(fencedbegin.With(ctx, req), opts)
 	if err != nil {
 		return nil, 0, err
+	}
+	if req.Fenced {
+		return tx, req.Token, nil
 	}
 	token, err := fence(ctx, tx)
 	if err != nil {

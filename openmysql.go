@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sqlfence/cluster/internal/fencedbegin"
 )
 
 // OpenMySQL opens a database/sql pool of go-sql-driver/mysql on cfg, as
@@ -17,8 +19,8 @@ import (
 // connection's previous transaction was fenced too, and the fence's
 // locked read opens the transaction, so back-to-back fenced transactions
 // take no more round trips than the same ones begun with db.BeginTx (as
-// clusterpgx.BeginFencedSQL does on PostgreSQL by sending the BEGIN and
-// the fence together).
+// BeginFenced does on a PostgreSQL pool of clusterpgx.OpenDB by sending
+// the BEGIN and the fence together).
 //
 // It does so by running a session with autocommit off from a fenced
 // transaction until the next statement or plain transaction, before which
@@ -82,10 +84,6 @@ func isAutocommit(param string) bool {
 	}
 	return strings.Trim(p, "`") == "autocommit"
 }
-
-// implicitBeginKey is the context key under which BeginFenced asks a
-// connection of an OpenMySQL pool to begin its transaction implicitly.
-type implicitBeginKey struct{}
 
 // mysqlConnector is go-sql-driver/mysql's connector whose connections are
 // mysqlFencingConns; Driver is mysql's, so dialect detection sees MySQL.
@@ -154,7 +152,7 @@ var _ mysqlDriverConn = (*mysqlFencingConn)(nil)
 // already, else after turning it off: the next statement, the fence's
 // read, opens the transaction.
 func (fc *mysqlFencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if ctx.Value(implicitBeginKey{}) == nil || opts.ReadOnly {
+	if fencedbegin.From(ctx) == nil || opts.ReadOnly {
 		if err := fc.autocommit(ctx); err != nil {
 			return nil, err
 		}

@@ -229,10 +229,10 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, db, plain *sql.
 				err   error
 			)
 			switch {
-			case form == formFenced && tg.beginFenced && tg.dialect == cluster.MySQL:
-				tx, token, err = c.BeginFenced(ctx, db, nil)
 			case form == formFenced && tg.beginFenced:
-				tx, token, err = clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+				// On clusterpgx.OpenDB's pool the BEGIN and the fence in
+				// one batch; on OpenMySQL's no START TRANSACTION.
+				tx, token, err = c.BeginFenced(ctx, db, nil)
 			case form == formFenced:
 				tx, err = db.BeginTx(ctx, nil)
 			default:

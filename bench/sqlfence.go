@@ -38,7 +38,7 @@ type target struct {
 	// of a member, a round trip and a server transaction each.
 	noPing bool
 	// beginFenced fences the application's transactions with
-	// clusterpgx.BeginFenced (pgx) or clusterpgx.BeginFencedSQL
+	// clusterpgx.BeginFenced (pgx) or Cluster.BeginFenced
 	// (database/sql, on a pool of clusterpgx.OpenDB): the BEGIN and the
 	// fence in one round trip, rather than a BEGIN and then Fence; on
 	// MariaDB with cluster.BeginFenced on a pool of cluster.OpenMySQL,

@@ -54,8 +54,8 @@ const (
 	// stackPgx (PostgreSQL): a pool of clusterpgx.OpenDB given to the
 	// cluster through clusterpgx.NewStdlibProvider, so followers LISTEN
 	// and a release names its successor, which attempts on its listening
-	// connection; fenced writes begin with clusterpgx.BeginFencedSQL (the
-	// BEGIN and the fence in one round trip).
+	// connection; fenced writes begin with Cluster.BeginFenced (the BEGIN
+	// and the fence in one round trip).
 	stackPgx = "pgx"
 	// stackOpen (MySQL): a pool of cluster.OpenMySQL as Config.DB; fenced
 	// writes begin with cluster.BeginFenced, which sends no START
@@ -456,13 +456,10 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	}
 	var tx *sql.Tx
 	var err error
-	if style == styleFenced && n.cfg.Stack == stackPgx {
-		// The BEGIN and the fence in one round trip.
-		if tx, token, err = clusterpgx.BeginFencedSQL(ctx, n.c, n.db, nil); err != nil {
-			return fail("begin and fence", err)
-		}
-	} else if style == styleFenced && n.cfg.Stack == stackOpen {
-		// No START TRANSACTION: the fence's read opens the transaction.
+	if style == styleFenced && (n.cfg.Stack == stackPgx || n.cfg.Stack == stackOpen) {
+		// On a pool of clusterpgx.OpenDB the BEGIN and the fence in one
+		// round trip; on one of OpenMySQL no START TRANSACTION (the
+		// fence's read opens the transaction).
 		if tx, token, err = n.c.BeginFenced(ctx, n.db, nil); err != nil {
 			return fail("begin and fence", err)
 		}

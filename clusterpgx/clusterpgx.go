@@ -15,7 +15,8 @@
 //	err = tx.Commit(ctx)
 //
 // On database/sql with pgx's stdlib driver, a pool opened by [OpenDB]
-// begins a *sql.Tx and fences it in one round trip too ([BeginFencedSQL]),
+// begins a *sql.Tx and fences it in one round trip too
+// ([cluster.Cluster.BeginFenced]),
 // and [NewStdlibProvider] holds the lease through it, listening for
 // releases.
 //

@@ -54,9 +54,9 @@ func ExampleBeginFenced() {
 
 // A service on database/sql with pgx's stdlib driver (sqlc's database/sql
 // code) opens its pool with OpenDB, holds the lease through it, and begins
-// fenced transactions in one round trip. (Compiled, not run: it needs a
-// PostgreSQL.)
-func ExampleBeginFencedSQL() {
+// fenced transactions in one round trip with Cluster.BeginFenced (what
+// BeginFencedSQL does too). (Compiled, not run: it needs a PostgreSQL.)
+func ExampleOpenDB() {
 	ctx := context.Background()
 	connConfig, err := pgx.ParseConfig("postgres://app@db.internal/app")
 	if err != nil {
@@ -75,7 +75,7 @@ func ExampleBeginFencedSQL() {
 	defer c.Shutdown(ctx)
 
 	createOrder := func(ctx context.Context, item string) error {
-		tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+		tx, token, err := c.BeginFenced(ctx, db, nil)
 		if err != nil {
 			return err // errors.Is(err, cluster.ErrNotLeader): nothing was written
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/fencedbegin"
 )
 
 // NewStdlibProvider returns the default provider over db, a database/sql
@@ -71,9 +72,10 @@ func (p stdlibPool) ListenConn(ctx context.Context, channel string, ready func(c
 
 // OpenDB opens a database/sql pool of pgx's stdlib driver on config, as
 // stdlib.OpenDB does with the same options, whose connections can begin a
-// transaction and fence it in one round trip: [BeginFencedSQL] on it sends
-// the BEGIN and the fence's locked read of the lease row together, as
-// [BeginFenced] does on pgx. Everything else behaves as on stdlib.OpenDB's
+// transaction and fence it in one round trip: [cluster.BeginFenced],
+// [cluster.Cluster.BeginFenced] and [BeginFencedSQL] on it send the BEGIN
+// and the fence's locked read of the lease row together, as [BeginFenced]
+// does on pgx. Everything else behaves as on stdlib.OpenDB's
 // pool; the one difference is the value [sql.Conn.Raw] hands its function:
 // not a *stdlib.Conn but a value that embeds one, so code that needs the
 // *pgx.Conn asserts interface{ Conn() *pgx.Conn }, which both have.
@@ -89,7 +91,10 @@ func OpenDBFromPool(pool *pgxpool.Pool, opts ...stdlib.OptionOpenDB) *sql.DB {
 	return db
 }
 
-// BeginFencedSQL begins a database/sql transaction on db with opts (nil:
+// BeginFencedSQL is [cluster.Cluster.BeginFenced] (c.BeginFenced(ctx,
+// db, opts)), or [cluster.BeginFenced] when c is nil; it was this
+// package's before those were cluster's, and is kept for the code that
+// calls it. It begins a database/sql transaction on db with opts (nil:
 // the defaults) and fences it with c, as [cluster.Cluster.Fence] would, and
 // returns the transaction, for the caller to commit or roll back, and the
 // token of the term it verified, for the rows the transaction writes. On
@@ -120,39 +125,10 @@ func BeginFencedSQL(ctx context.Context, c *cluster.Cluster, db *sql.DB, opts *s
 	if db == nil {
 		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFencedSQL needs the *sql.DB to begin on; it was given nil", cluster.ErrInvalidConfig)
 	}
-	req := &fencedBegin{c: c}
-	tx, err := db.BeginTx(context.WithValue(ctx, fencedBeginKey{}, req), opts)
-	if err != nil {
-		return nil, 0, err
-	}
-	if req.fenced {
-		return tx, req.token, nil
-	}
-	// A connection of another driver began it: fence in a statement of
-	// its own.
-	var token uint64
 	if c != nil {
-		token, err = c.Fence(ctx, tx)
-	} else {
-		token, err = cluster.Fence(ctx, tx)
+		return c.BeginFenced(ctx, db, opts)
 	}
-	if err != nil {
-		tx.Rollback()
-		return nil, 0, err
-	}
-	return tx, token, nil
-}
-
-// fencedBeginKey is the context key under which BeginFencedSQL hands a
-// fencingConn its request, through database/sql's BeginTx.
-type fencedBeginKey struct{}
-
-// A fencedBegin is BeginFencedSQL's request to the connection that begins
-// the transaction, and its answer.
-type fencedBegin struct {
-	c      *cluster.Cluster
-	fenced bool   // the connection began and fenced the transaction
-	token  uint64 // the token it verified
+	return cluster.BeginFenced(ctx, db, opts)
 }
 
 // fencingConnector is pgx's stdlib connector whose connections are
@@ -175,7 +151,7 @@ func (fc fencingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // A fencingConn is a connection of pgx's stdlib driver (every method but
 // BeginTx is its, Conn included: the embedded field is named stdConn so
 // that it does not hide that method) that begins a transaction of
-// BeginFencedSQL with the fence in the same batch.
+// cluster.BeginFenced with the fence in the same batch.
 type fencingConn struct{ *stdConn }
 
 type stdConn = stdlib.Conn
@@ -193,12 +169,16 @@ var (
 )
 
 // BeginTx begins a transaction as stdlib does, or, asked by
-// BeginFencedSQL, begins and fences it in one batch (BeginFenced on the
+// cluster.BeginFenced, begins and fences it in one batch (BeginFenced on the
 // connection), which on error leaves no transaction open.
 func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	req, _ := ctx.Value(fencedBeginKey{}).(*fencedBegin)
+	req := fencedbegin.From(ctx)
 	if req == nil {
 		return fc.stdConn.BeginTx(ctx, opts)
+	}
+	c, ok := req.Fencer.(*cluster.Cluster)
+	if !ok && req.Fencer != nil {
+		return fc.stdConn.BeginTx(ctx, opts) // not a request it knows how to answer
 	}
 	pc := fc.Conn()
 	if pc.IsClosed() {
@@ -216,18 +196,18 @@ func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 	case sql.LevelSerializable:
 		pgxOpts.IsoLevel = pgx.Serializable
 	default:
-		return nil, fmt.Errorf("clusterpgx.BeginFencedSQL: PostgreSQL has no isolation level %v", sql.IsolationLevel(opts.Isolation))
+		return nil, fmt.Errorf("cluster.BeginFenced: PostgreSQL has no isolation level %v", sql.IsolationLevel(opts.Isolation))
 	}
 	if opts.ReadOnly {
 		pgxOpts.AccessMode = pgx.ReadOnly
 	}
 	// The request is this call's: a Fencer that began a transaction of
 	// its own on this pool, in the context it is given, begins a plain one.
-	tx, token, err := BeginFenced(context.WithValue(ctx, fencedBeginKey{}, (*fencedBegin)(nil)), req.c, pc, pgxOpts)
+	tx, token, err := BeginFenced(fencedbegin.With(ctx, nil), c, pc, pgxOpts)
 	if err != nil {
 		return nil, err
 	}
-	req.fenced, req.token = true, token
+	req.Fenced, req.Token = true, token
 	return fencedTx{ctx, tx}, nil
 }
 

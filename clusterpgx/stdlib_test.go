@@ -164,43 +164,55 @@ func TestBeginFencedSQL(t *testing.T) {
 					t.Errorf("%s left its transaction open", what)
 				}
 			}
-			log.reset()
-			tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
-			if err != nil {
-				t.Fatalf("BeginFencedSQL by the leader: %v", err)
+			// cluster's BeginFenced takes the same path: this package's
+			// connection honours its request.
+			for _, begin := range []struct {
+				name string
+				f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
+			}{
+				{"clusterpgx.BeginFencedSQL", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
+					return clusterpgx.BeginFencedSQL(ctx, a, db, o)
+				}},
+				{"Cluster.BeginFenced", a.BeginFenced},
+			} {
+				log.reset()
+				tx, token, err := begin.f(ctx, app, nil)
+				if err != nil {
+					t.Fatalf("%s by the leader: %v", begin.name, err)
+				}
+				if token != a.FencingToken() || token == 0 {
+					t.Errorf("%s returned token %d; the leader's is %d", begin.name, token, a.FencingToken())
+				}
+				batches, singles := log.reset()
+				var sentRight bool
+				if pool.oneBatch {
+					sentRight = len(batches) == 1 && len(batches[0]) == 2 && strings.HasPrefix(strings.ToLower(batches[0][0]), "begin") &&
+						strings.Contains(batches[0][1], tg.Prefix+"lease") && len(singles) == 0
+				} else {
+					sentRight = len(batches) == 0 && len(singles) == 2 && strings.HasPrefix(strings.ToLower(singles[0]), "begin") &&
+						strings.Contains(singles[1], tg.Prefix+"lease")
+				}
+				if !sentRight {
+					tx.Rollback() // or the pgxpool's Close, at cleanup, waits for it
+					t.Fatalf("%s sent batches %q and statements %q; want %s", begin.name, batches, singles, pool.wantSends)
+				}
+				if err := lockable(); !isLockNotAvailable(err) {
+					t.Errorf("locking the lease row during a fenced transaction = %v, want lock_not_available (55P03)", err)
+				}
+				if !inTransaction(t, tx) {
+					t.Errorf("the transaction %s returned is not a transaction block", begin.name)
+				}
+				if _, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (token) VALUES ($1)", int64(token)); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatalf("commit: %v", err)
+				}
+				if err := lockable(); err != nil {
+					t.Errorf("the lease row is still locked after the commit: %v", err)
+				}
+				givenBack("a committed " + begin.name)
 			}
-			if token != a.FencingToken() || token == 0 {
-				t.Errorf("BeginFencedSQL returned token %d; the leader's is %d", token, a.FencingToken())
-			}
-			batches, singles := log.reset()
-			var sentRight bool
-			if pool.oneBatch {
-				sentRight = len(batches) == 1 && len(batches[0]) == 2 && strings.HasPrefix(strings.ToLower(batches[0][0]), "begin") &&
-					strings.Contains(batches[0][1], tg.Prefix+"lease") && len(singles) == 0
-			} else {
-				sentRight = len(batches) == 0 && len(singles) == 2 && strings.HasPrefix(strings.ToLower(singles[0]), "begin") &&
-					strings.Contains(singles[1], tg.Prefix+"lease")
-			}
-			if !sentRight {
-				tx.Rollback() // or the pgxpool's Close, at cleanup, waits for it
-				t.Fatalf("BeginFencedSQL sent batches %q and statements %q; want %s", batches, singles, pool.wantSends)
-			}
-			if err := lockable(); !isLockNotAvailable(err) {
-				t.Errorf("locking the lease row during a fenced transaction = %v, want lock_not_available (55P03)", err)
-			}
-			if !inTransaction(t, tx) {
-				t.Error("the transaction BeginFencedSQL returned is not a transaction block")
-			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO "+orders+" (token) VALUES ($1)", int64(token)); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatalf("commit: %v", err)
-			}
-			if err := lockable(); err != nil {
-				t.Errorf("the lease row is still locked after the commit: %v", err)
-			}
-			givenBack("a committed BeginFencedSQL")
 
 			// Options reach the BEGIN.
 			for level, want := range map[sql.IsolationLevel]string{
@@ -209,7 +221,7 @@ func TestBeginFencedSQL(t *testing.T) {
 				sql.LevelRepeatableRead: "repeatable read",
 				sql.LevelSerializable:   "serializable",
 			} {
-				tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: level})
+				tx, _, err := a.BeginFenced(ctx, app, &sql.TxOptions{Isolation: level})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -224,7 +236,7 @@ func TestBeginFencedSQL(t *testing.T) {
 			givenBack("a rolled back BeginFencedSQL")
 			// A read-only transaction cannot hold the lease row: refused,
 			// and nothing left open.
-			tx, _, err = clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{ReadOnly: true})
+			tx, _, err := clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{ReadOnly: true})
 			if !errors.Is(err, cluster.ErrReadOnly) || tx != nil {
 				t.Errorf("a read-only BeginFencedSQL = %v, %v; want nil and ErrReadOnly", tx, err)
 			}
@@ -331,8 +343,8 @@ func TestBeginFencedSQL(t *testing.T) {
 		}
 	}
 	var n int
-	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 6 {
-		t.Fatalf("%d orders committed (%v); want three from a and three from b", n, err)
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 9 {
+		t.Fatalf("%d orders committed (%v); want six from a (two begins on each of three pools) and three from b", n, err)
 	}
 }
 
