@@ -52,13 +52,32 @@ import (
 // Commit, where on another pool they would autocommit one by one;
 // unfenced either way.
 func OpenMySQL(cfg *mysql.Config) (*sql.DB, error) {
+	c, err := newMySQLConnector(cfg, "cluster.OpenMySQL")
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(c), nil
+}
+
+// NewMySQLConnector returns the connector [OpenMySQL] opens its pool on,
+// for code that wraps a connector before sql.OpenDB (connection-wrapping
+// instrumentation such as otelsql or sqlcommenter): the pool of
+// sql.OpenDB(wrap(connector)) begins fenced transactions as OpenMySQL's
+// does, provided the wrapper hands each call on to the connection with
+// its context, as they do. It refuses what OpenMySQL refuses. The
+// wrapper's Driver may not be mysql's: give [Config.Dialect] then.
+func NewMySQLConnector(cfg *mysql.Config) (driver.Connector, error) {
+	return newMySQLConnector(cfg, "cluster.NewMySQLConnector")
+}
+
+func newMySQLConnector(cfg *mysql.Config, call string) (driver.Connector, error) {
 	if cfg == nil {
-		return nil, fmt.Errorf("%w: cluster.OpenMySQL needs a *mysql.Config (mysql.ParseDSN or mysql.NewConfig); it was given nil", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: %s needs a *mysql.Config (mysql.ParseDSN or mysql.NewConfig); it was given nil", ErrInvalidConfig, call)
 	}
 	for name, val := range cfg.Params {
 		if isAutocommit(name) {
-			return nil, fmt.Errorf("%w: cluster.OpenMySQL manages its sessions' autocommit; remove %s=%s from the DSN (or open the pool with sql.Open and fence with BeginTx and Fence)",
-				ErrInvalidConfig, name, val)
+			return nil, fmt.Errorf("%w: %s manages its sessions' autocommit; remove %s=%s from the DSN (or open the pool with sql.Open and fence with BeginTx and Fence)",
+				ErrInvalidConfig, call, name, val)
 		}
 	}
 	cfg = cfg.Clone()
@@ -68,9 +87,9 @@ func OpenMySQL(cfg *mysql.Config) (*sql.DB, error) {
 	cfg.Params["autocommit"] = "1" // sent with the DSN's other settings, in one SET
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cluster.OpenMySQL: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, call, err)
 	}
-	return sql.OpenDB(mysqlConnector{c}), nil
+	return mysqlConnector{c}, nil
 }
 
 // isAutocommit reports whether a DSN parameter (a system variable the

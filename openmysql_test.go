@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"strings"
 	"testing"
@@ -116,15 +117,85 @@ func openMySQL(t *testing.T, tg testdb.Target) *sql.DB {
 	return db
 }
 
+// openWrappedMySQL opens a pool on NewMySQLConnector's connector for tg,
+// wrapped as connection-wrapping instrumentation (otelsql) wraps one.
+func openWrappedMySQL(t *testing.T, tg testdb.Target) *sql.DB {
+	t.Helper()
+	cfg, err := mysqldrv.ParseDSN(tg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewMySQLConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(wrappedConnector{c})
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// wrappedConnector's connections hand every call on to the connection
+// they wrap, with its context, as instrumenting wrappers do.
+type wrappedConnector struct{ driver.Connector }
+
+func (w wrappedConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c, err := w.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return wrappedConn{c}, nil
+}
+
+type wrappedConn struct{ driver.Conn }
+
+func (c wrappedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c wrappedConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (c wrappedConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c wrappedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (c wrappedConn) ResetSession(ctx context.Context) error {
+	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (c wrappedConn) IsValid() bool { return c.Conn.(driver.Validator).IsValid() }
+
+func (c wrappedConn) CheckNamedValue(nv *driver.NamedValue) error {
+	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
+}
+
 // On a pool of OpenMySQL a fenced transaction sends no START TRANSACTION
 // and takes no more statements than BEGIN, INSERT, COMMIT; its fence
 // still holds the lease row until it ends; and statements outside a
 // transaction afterwards commit as on any pool.
+// The same on a pool of NewMySQLConnector's connector wrapped as
+// instrumentation wraps one.
 func TestOpenMySQLBeginsFencedTransactionsImplicitly(t *testing.T) {
 	t.Parallel()
+	t.Run("OpenMySQL", func(t *testing.T) {
+		t.Parallel()
+		testImplicitBegin(t, openMySQL)
+	})
+	t.Run("NewMySQLConnector wrapped", func(t *testing.T) {
+		t.Parallel()
+		testImplicitBegin(t, openWrappedMySQL)
+	})
+}
+
+func testImplicitBegin(t *testing.T, open func(*testing.T, testdb.Target) *sql.DB) {
 	tg := testdb.New(t, cluster.MySQL)
 	ctx := context.Background()
-	db := openMySQL(t, tg)
+	db := open(t, tg)
 	db.SetMaxOpenConns(1) // every statement below on one session
 	a := startOn(t, tg, tg.Open(t), "a")
 	waitFor(t, 2*time.Second, "a to lead", a.IsLeader)
@@ -376,6 +447,9 @@ func TestOpenMySQLRefusesBadConfig(t *testing.T) {
 	if _, err := cluster.OpenMySQL(nil); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("OpenMySQL(nil) = %v, want ErrInvalidConfig", err)
 	}
+	if _, err := cluster.NewMySQLConnector(nil); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("NewMySQLConnector(nil) = %v, want ErrInvalidConfig", err)
+	}
 	for _, param := range []string{"autocommit", "AUTOCOMMIT", "@@autocommit", "@@session.autocommit", "@@SESSION.AutoCommit", "@@local.autocommit"} {
 		cfg, err := mysqldrv.ParseDSN("app@tcp(db.internal:3306)/app?" + param + "=0")
 		if err != nil {
@@ -383,6 +457,9 @@ func TestOpenMySQLRefusesBadConfig(t *testing.T) {
 		}
 		if _, err := cluster.OpenMySQL(cfg); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), param+"=0") {
 			t.Errorf("OpenMySQL(%s=0) = %v, want ErrInvalidConfig naming the setting", param, err)
+		}
+		if _, err := cluster.NewMySQLConnector(cfg); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), param+"=0") {
+			t.Errorf("NewMySQLConnector(%s=0) = %v, want ErrInvalidConfig naming the setting", param, err)
 		}
 	}
 	// A DSN without it: every session starts with autocommit on, whatever
