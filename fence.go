@@ -403,7 +403,9 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was
-// written.
+// written. On a nil *Cluster it returns an error wrapping
+// [ErrInvalidConfig]: the default instance's is the function
+// [BeginFenced].
 //
 //	tx, token, err := c.BeginFenced(ctx, db, nil)
 //	if err != nil {
@@ -413,6 +415,11 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 //	// ... writes, storing token ...
 //	return tx.Commit()
 func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
+	if c == nil {
+		// Not the default instance: a nil *Cluster is a member never made
+		// (New's error ignored, or a handler run before it returned).
+		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced called on a nil *Cluster; use the one New returned, or cluster.BeginFenced for the default instance", ErrInvalidConfig)
+	}
 	return beginFenced(ctx, db, opts, "Cluster.BeginFenced", c, c.Fence)
 }
 

@@ -41,6 +41,11 @@ func TestBeginFenced(t *testing.T) {
 		if _, _, err := a.BeginFenced(ctx, nil, nil); !errors.Is(err, cluster.ErrInvalidConfig) {
 			t.Fatalf("BeginFenced(nil db) = %v, want ErrInvalidConfig", err)
 		}
+		// A nil *Cluster is an error, not the default instance.
+		var none *cluster.Cluster
+		if tx, _, err := none.BeginFenced(ctx, other, nil); !errors.Is(err, cluster.ErrInvalidConfig) || tx != nil {
+			t.Fatalf("BeginFenced on a nil *Cluster = %v, %v; want no transaction and ErrInvalidConfig", tx, err)
+		}
 
 		expireLease(t, tg, a.db)
 		b := start(t, tg, "b")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -371,23 +373,183 @@ func TestBeginFencedSQLOnSQLite(t *testing.T) {
 	}
 }
 
-// Without cluster.Init BeginFencedSQL with a nil Cluster begins a plain
-// transaction and returns token 0, on either kind of pool.
+// Without cluster.Init BeginFencedSQL with a nil Cluster, and
+// cluster.BeginFenced, begin a plain transaction and return token 0, on
+// either kind of pool; on clusterpgx.OpenDB's the connection answers the
+// request (one batch, the BEGIN alone). A nil *Cluster's BeginFenced is
+// an error, not the default instance.
 func TestBeginFencedSQLWithoutInit(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
-	for _, open := range []func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB{clusterpgx.OpenDB, stdlib.OpenDB} {
-		app := openSQL(t, tg, open, nil)
-		tx, token, err := clusterpgx.BeginFencedSQL(ctx, nil, app, nil)
-		if err != nil || token != 0 {
-			t.Fatalf("BeginFencedSQL without Init = %d, %v; want 0, nil", token, err)
+	for _, pool := range []struct {
+		open     func(pgx.ConnConfig, ...stdlib.OptionOpenDB) *sql.DB
+		oneBatch bool
+	}{{clusterpgx.OpenDB, true}, {stdlib.OpenDB, false}} {
+		log := &sentLog{}
+		app := openSQL(t, tg, pool.open, log)
+		app.SetMaxOpenConns(1)
+		backendPID(t, app) // connected: the log holds only what follows
+		for _, begin := range []struct {
+			name string
+			f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
+		}{
+			{"clusterpgx.BeginFencedSQL(nil)", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
+				return clusterpgx.BeginFencedSQL(ctx, nil, db, o)
+			}},
+			{"cluster.BeginFenced", cluster.BeginFenced},
+		} {
+			log.reset()
+			tx, token, err := begin.f(ctx, app, nil)
+			if err != nil || token != 0 {
+				t.Fatalf("%s without Init = %d, %v; want 0, nil", begin.name, token, err)
+			}
+			batches, singles := log.reset()
+			if pool.oneBatch && (len(batches) != 1 || len(singles) != 0) || !pool.oneBatch && (len(batches) != 0 || len(singles) != 1) {
+				t.Errorf("%s without Init sent batches %q and statements %q; want one BEGIN, in a batch on clusterpgx.OpenDB's pool", begin.name, batches, singles)
+			}
+			if !inTransaction(t, tx) {
+				t.Errorf("%s without Init returned no transaction block", begin.name)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
 		}
+		var none *cluster.Cluster
+		if tx, _, err := none.BeginFenced(ctx, app, nil); !errors.Is(err, cluster.ErrInvalidConfig) || tx != nil {
+			t.Errorf("BeginFenced on a nil *Cluster = %v, %v; want no transaction and ErrInvalidConfig", tx, err)
+		}
+		if inTransaction(t, app) {
+			t.Error("a refused BeginFenced left a transaction open")
+		}
+	}
+}
+
+// With cluster.Init, cluster.BeginFenced on clusterpgx.OpenDB's pool
+// fences with the default instance in one batch; after Shutdown it is
+// refused and leaves nothing open. Init holds once per process, so the
+// test runs itself in a child process.
+func TestDefaultInstanceBeginFenced(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	const child = "CLUSTERPGX_TEST_DEFAULT_INSTANCE"
+	if os.Getenv(child) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestDefaultInstanceBeginFenced$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), child+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestDefaultInstanceBeginFenced") {
+			t.Fatalf("the child process: %v\n%s", err, out)
+		}
+		return
+	}
+	ctx := context.Background()
+	log := &sentLog{}
+	app := openSQL(t, tg, clusterpgx.OpenDB, log)
+	app.SetMaxOpenConns(1)
+	p, err := clusterpgx.NewStdlibProvider(openSQL(t, tg, clusterpgx.OpenDB, nil), tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Init(ctx, cluster.Config{NodeID: "a", Provider: p, Logger: testdb.Logger(t)}); err != nil {
+		t.Fatal(err)
+	}
+	shut := false
+	defer func() {
+		if !shut {
+			cluster.Shutdown(ctx)
+		}
+	}()
+	if !waitUntil(2*time.Second, cluster.IsLeader) {
+		t.Fatal("the default instance does not lead")
+	}
+	pid := backendPID(t, app)
+	log.reset()
+	tx, token, err := cluster.BeginFenced(ctx, app, nil)
+	if err != nil || token == 0 || token != cluster.FencingToken() {
+		t.Fatalf("cluster.BeginFenced = %d, %v; want the leader's token %d", token, err, cluster.FencingToken())
+	}
+	if batches, singles := log.reset(); len(batches) != 1 || len(batches[0]) != 2 || len(singles) != 0 {
+		tx.Rollback()
+		t.Fatalf("cluster.BeginFenced sent batches %q and statements %q; want one batch of the BEGIN and the fence", batches, singles)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	shut = true
+	if err := cluster.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, _, err = cluster.BeginFenced(ctx, app, nil)
+	if !errors.Is(err, cluster.ErrShutdown) || tx != nil {
+		t.Fatalf("cluster.BeginFenced after Shutdown = %v, %v; want no transaction and ErrShutdown", tx, err)
+	}
+	if got := backendPID(t, app); got != pid || inTransaction(t, app) {
+		t.Errorf("a refused cluster.BeginFenced left its transaction open (server process %d, was %d)", got, pid)
+	}
+}
+
+// nestingProvider's Fence begins a transaction of its own on db, as a
+// provider that records each fence elsewhere might, before it fences.
+type nestingProvider struct {
+	*cluster.DBProvider
+	db     *sql.DB
+	nested func(*sql.Tx)
+}
+
+func (p nestingProvider) Fence(ctx context.Context, tx cluster.Querier, l cluster.Lease, ttl time.Duration) error {
+	ntx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	p.nested(ntx)
+	if err := ntx.Rollback(); err != nil {
+		return err
+	}
+	return p.DBProvider.Fence(ctx, tx, l, ttl)
+}
+
+// A transaction that the provider's Fence begins on the same
+// clusterpgx.OpenDB pool, in the context it is given, while BeginFenced
+// fences is a plain one: the request of the BeginFenced in progress is
+// not passed on to it (else each fence would begin another, fenced).
+func TestBeginFencedHidesItsRequestFromNestedBegins(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	log := &sentLog{}
+	app := openSQL(t, tg, clusterpgx.OpenDB, log)
+	app.SetMaxOpenConns(3)
+	p, err := clusterpgx.NewStdlibProvider(openSQL(t, tg, clusterpgx.OpenDB, nil), tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nested := 0
+	np := nestingProvider{DBProvider: p, db: app, nested: func(tx *sql.Tx) {
+		nested++
 		if !inTransaction(t, tx) {
-			t.Error("BeginFencedSQL without Init returned no transaction block")
+			t.Error("the nested BeginTx returned no transaction block")
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+	}}
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "a", Provider: np, Logger: testdb.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	if !c.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	log.reset()
+	tx, token, err := c.BeginFenced(ctx, app, nil)
+	if err != nil || token != c.FencingToken() {
+		t.Fatalf("BeginFenced = %d, %v; want token %d", token, err, c.FencingToken())
+	}
+	defer tx.Rollback()
+	batches, singles := log.reset()
+	// The outer batch (BEGIN and fence), and the nested plain BEGIN, the
+	// probe's two statements and the ROLLBACK, each on its own.
+	if nested != 1 || len(batches) != 1 || len(singles) != 4 || singles[0] != "begin" || singles[3] != "rollback" {
+		t.Fatalf("BeginFenced with a nesting Fence began %d nested transactions and sent batches %q and statements %q; want one nested plain BEGIN and ROLLBACK", nested, batches, singles)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }
 
