@@ -101,6 +101,28 @@ func inTransaction(t *testing.T, q interface {
 	return false
 }
 
+// sqlBegin is one way to begin a fenced database/sql transaction.
+type sqlBegin struct {
+	name string
+	f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
+}
+
+// sqlBegins are clusterpgx.BeginFencedSQL with c and cluster's
+// BeginFenced of the same member (c's method, or the function when c is
+// nil), which take the same path.
+func sqlBegins(c *cluster.Cluster, beginFenced func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)) []sqlBegin {
+	name := "Cluster.BeginFenced"
+	if c == nil {
+		name = "cluster.BeginFenced"
+	}
+	return []sqlBegin{
+		{"clusterpgx.BeginFencedSQL", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
+			return clusterpgx.BeginFencedSQL(ctx, c, db, o)
+		}},
+		{name, beginFenced},
+	}
+}
+
 // BeginFencedSQL on a pool of clusterpgx.OpenDB begins and fences a
 // database/sql transaction in one batch (nothing sent before it), holds
 // the lease row until the transaction ends, honours the options, and
@@ -168,15 +190,7 @@ func TestBeginFencedSQL(t *testing.T) {
 			}
 			// cluster's BeginFenced takes the same path: this package's
 			// connection honours its request.
-			for _, begin := range []struct {
-				name string
-				f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
-			}{
-				{"clusterpgx.BeginFencedSQL", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
-					return clusterpgx.BeginFencedSQL(ctx, a, db, o)
-				}},
-				{"Cluster.BeginFenced", a.BeginFenced},
-			} {
+			for _, begin := range sqlBegins(a, a.BeginFenced) {
 				log.reset()
 				tx, token, err := begin.f(ctx, app, nil)
 				if err != nil {
@@ -389,15 +403,7 @@ func TestBeginFencedSQLWithoutInit(t *testing.T) {
 		app := openSQL(t, tg, pool.open, log)
 		app.SetMaxOpenConns(1)
 		backendPID(t, app) // connected: the log holds only what follows
-		for _, begin := range []struct {
-			name string
-			f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
-		}{
-			{"clusterpgx.BeginFencedSQL(nil)", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
-				return clusterpgx.BeginFencedSQL(ctx, nil, db, o)
-			}},
-			{"cluster.BeginFenced", cluster.BeginFenced},
-		} {
+		for _, begin := range sqlBegins(nil, cluster.BeginFenced) {
 			log.reset()
 			tx, token, err := begin.f(ctx, app, nil)
 			if err != nil || token != 0 {
