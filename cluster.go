@@ -80,6 +80,7 @@ type Cluster struct {
 	joins          atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
 	haltedFlag     atomic.Bool   // halted is set; readable from any goroutine
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

@@ -67,3 +67,12 @@ func SetShutdownHandoffWait(t interface{ Cleanup(func()) }, d time.Duration) {
 	shutdownHandoffWait = d
 	t.Cleanup(func() { shutdownHandoffWait = was })
 }
+
+// SetRowCheckEvery sets how often a PostgreSQL candidate checks that its
+// membership row is its own, until the test ends. Only for tests that do
+// not run in parallel.
+func SetRowCheckEvery(t interface{ Cleanup(func()) }, d time.Duration) {
+	was := rowCheckEvery
+	rowCheckEvery = d
+	t.Cleanup(func() { rowCheckEvery = was })
+}

@@ -376,6 +376,51 @@ func TestMembershipRowTakenOverJoinsAgain(t *testing.T) {
 	})
 }
 
+// A candidate whose membership row was taken over while it went unseen
+// joins again, the leader and a follower alike: on MySQL and SQLite at
+// its next refresh, on PostgreSQL, whose lease statements refresh the row
+// without being able to tell it is gone, at its next check of the row
+// (hourly; here every few heartbeats). Not parallel: it sets how often.
+func TestCandidateMembershipRowTakenOverJoinsAgain(t *testing.T) {
+	cluster.SetRowCheckEvery(t, 5*testdb.Heartbeat)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a")
+		waitFor(t, 50*testdb.Heartbeat, "a to lead", a.IsLeader)
+		start(t, tg, "b")
+		admin := tg.Open(t)
+		listed := func(id string) bool {
+			ms, err := a.Members(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				if m.NodeID == id && m.Live && m.Status == "active" {
+					return true
+				}
+			}
+			return false
+		}
+		for _, id := range []string{"b", "a"} {
+			waitFor(t, 20*testdb.Heartbeat, id+" to be listed", func() bool { return listed(id) })
+			res, err := admin.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"nodes SET instance = ?, node_id = ? WHERE node_id = ?"), "taken-"+id, "x-"+id, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				t.Fatalf("took over %d rows of %s, want 1", n, id)
+			}
+			if listed(id) {
+				t.Fatalf("%s is listed right after its row was taken over", id)
+			}
+			waitFor(t, 30*testdb.Heartbeat, id+" to join again", func() bool { return listed(id) })
+		}
+		if !a.IsLeader() {
+			t.Fatal("a stopped leading")
+		}
+	})
+}
+
 // On MySQL an UPDATE reports the rows it changed, and a refresh in the
 // same millisecond as the last changes none: Seen must not take that for
 // a row gone.

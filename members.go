@@ -13,6 +13,14 @@ import (
 // themselves.
 const membershipEvery = 3
 
+// rowCheckEvery is how often a candidate whose lease statements refresh
+// its membership row (PostgreSQL's) checks that the row is still its
+// own: those statements cannot tell it that the row was taken over
+// (crashedRetention) while the node went unseen, paused or cut off for a
+// week. One statement an hour; the first check after such a pause comes
+// at the pause's end, as the hour has passed. A variable for the tests.
+var rowCheckEvery = time.Hour
+
 // memberTimeout is how long a member may go unseen, by the database clock,
 // before it is no longer live: a lease TTL and a few refreshes.
 func (c *Cluster) memberTimeout() time.Duration {
@@ -58,15 +66,24 @@ func (c *Cluster) join(ctx context.Context) {
 	}
 	c.joined.Store(true)
 	c.joins.Add(1)
+	c.rowChecked.Store(mono())
 }
 
 // refreshMembership refreshes this node's membership every few heartbeats;
-// candidate is true for a node whose lease statements may refresh it already.
+// candidate is true for a node whose lease statements may refresh it
+// already: then it only checks, every rowCheckEvery, that the row is
+// still there.
 func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
-	if c.members == nil || !c.joined.Load() || (candidate && c.members.SeenByLease()) {
+	if c.members == nil || !c.joined.Load() {
 		return
 	}
-	if c.steps++; c.steps%membershipEvery != 0 {
+	if candidate && c.members.SeenByLease() {
+		now := mono()
+		if time.Duration(now-c.rowChecked.Load()) < rowCheckEvery {
+			return
+		}
+		c.rowChecked.Store(now)
+	} else if c.steps++; c.steps%membershipEvery != 0 {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
