@@ -237,7 +237,7 @@ func mysqlIsolation(l sql.IsolationLevel) (string, error) {
 	case sql.LevelSerializable:
 		return "SERIALIZABLE", nil
 	}
-	return "", fmt.Errorf("cluster.BeginFenced: unsupported isolation level %v: MySQL has READ UNCOMMITTED, READ COMMITTED, REPEATABLE READ and SERIALIZABLE", l)
+	return "", fmt.Errorf("%w: cluster.BeginFenced: unsupported isolation level %v: MySQL has READ UNCOMMITTED, READ COMMITTED, REPEATABLE READ and SERIALIZABLE", ErrInvalidConfig, l)
 }
 
 // autocommit turns the session's autocommit back on before a statement

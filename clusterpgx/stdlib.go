@@ -196,7 +196,7 @@ func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 	case sql.LevelSerializable:
 		pgxOpts.IsoLevel = pgx.Serializable
 	default:
-		return nil, fmt.Errorf("cluster.BeginFenced: PostgreSQL has no isolation level %v", sql.IsolationLevel(opts.Isolation))
+		return nil, fmt.Errorf("%w: cluster.BeginFenced: PostgreSQL has no isolation level %v; it has read uncommitted (run as read committed), read committed, repeatable read (sql.LevelSnapshot too) and serializable", cluster.ErrInvalidConfig, sql.IsolationLevel(opts.Isolation))
 	}
 	if opts.ReadOnly {
 		pgxOpts.AccessMode = pgx.ReadOnly
