@@ -543,6 +543,14 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 				wake()
 				return
 			}
+			if c.term.Load() != nil || c.retiring.Load() != nil {
+				// This node holds the lease: a late copy of the release
+				// that named it (a release is heard twice, in this process
+				// and by LISTEN), heard after it took the lease. A pass
+				// would wake every follower for an attempt the lease
+				// refuses.
+				return
+			}
 			// Named, but this node will not try: pass the turn on, so the
 			// others need not wait out successorLead. (The watcher runs
 			// until its goroutine, counted in wg, returns.)

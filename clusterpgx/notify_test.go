@@ -306,6 +306,22 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	if got := next(); got != "leader\t"+instance {
 		t.Fatalf("the successor's grant notified %q, want %q", got, "leader\t"+instance)
 	}
+	// A late copy of the release that named the successor, heard after it
+	// took the lease (a release is heard in process and by LISTEN): the
+	// successor does not pass the turn on, which would notify the lease
+	// name alone and wake every follower for nothing.
+	if _, err := newPool(t, tg, 1).Exec(ctx, "SELECT pg_notify($1, $2)", tg.Prefix+"lease", "leader\n"+instance); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "leader\n"+instance {
+		t.Fatalf("the late copy came back as %q", got)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	n, err := listener.WaitForNotification(qctx)
+	cancel()
+	if err == nil {
+		t.Fatalf("after a late copy of the release that named it, the leader %s notified %q; want nothing", want, n.Payload)
+	}
 
 	// clusterctl release -force: the holder is not named. (The others'
 	// attempts after the release, which refresh their membership, are over.)
