@@ -420,7 +420,7 @@ func Fence(ctx context.Context, tx DBTX) (uint64, error) {
 // failed and after [Shutdown] it returns the error [Fence] would, with no
 // transaction left open.
 func BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
-	return beginFenced(ctx, db, opts, "cluster.BeginFenced", nil, Fence)
+	return beginFenced(ctx, db, opts, nil)
 }
 
 // FenceWith is [Fence] for a transaction of any driver; see

@@ -420,20 +420,22 @@ func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptio
 		// (New's error ignored, or a handler run before it returned).
 		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced called on a nil *Cluster; use the one New returned, or cluster.BeginFenced for the default instance", ErrInvalidConfig)
 	}
-	return beginFenced(ctx, db, opts, "Cluster.BeginFenced", c, c.Fence)
+	return beginFenced(ctx, db, opts, c)
 }
 
-// beginFenced begins a transaction on db and fences it with fence, or
-// lets the connection that begins it fence it (a pool of
-// clusterpgx.OpenDB, which asks fencer, nil meaning the default
-// instance), or begin it implicitly (a pool of OpenMySQL).
-func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, call string, fencer *Cluster, fence func(context.Context, DBTX) (uint64, error)) (*sql.Tx, uint64, error) {
-	if db == nil {
-		return nil, 0, fmt.Errorf("%w: %s needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig, call)
-	}
+// beginFenced begins a transaction on db and fences it with fencer (nil:
+// the default instance), or lets the connection that begins it fence it
+// (a pool of clusterpgx.OpenDB), or begin it implicitly (a pool of
+// OpenMySQL).
+func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fencer *Cluster) (*sql.Tx, uint64, error) {
+	call, fence := "cluster.BeginFenced", Fence
 	req := &fencedbegin.Request{}
 	if fencer != nil {
+		call, fence = "Cluster.BeginFenced", fencer.Fence
 		req.Fencer = fencer
+	}
+	if db == nil {
+		return nil, 0, fmt.Errorf("%w: %s needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig, call)
 	}
 	tx, err := db.BeginTx(fencedbegin.With(ctx, req), opts)
 	if err != nil {

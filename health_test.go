@@ -324,18 +324,7 @@ func TestMembershipRowTakenOverJoinsAgain(t *testing.T) {
 				t.Fatalf("took over %d rows of %s, want 1", n, id)
 			}
 		}
-		listed := func() bool {
-			ms, err := a.Members(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range ms {
-				if m.NodeID == "f" && m.Live && m.Status == "active" {
-					return true
-				}
-			}
-			return false
-		}
+		listed := func() bool { return liveMember(t, a.Cluster, "f") }
 		takeOver("f", 0)
 		if listed() {
 			t.Fatal("f is listed right after its row was taken over")
@@ -376,6 +365,22 @@ func TestMembershipRowTakenOverJoinsAgain(t *testing.T) {
 	})
 }
 
+// liveMember reports whether c's Members lists node id as live and
+// active.
+func liveMember(t *testing.T, c *cluster.Cluster, id string) bool {
+	t.Helper()
+	ms, err := c.Members(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.NodeID == id && m.Live && m.Status == "active" {
+			return true
+		}
+	}
+	return false
+}
+
 // A candidate whose membership row was taken over while it went unseen
 // joins again, the leader and a follower alike: on MySQL and SQLite at
 // its next refresh, on PostgreSQL, whose lease statements refresh the row
@@ -389,18 +394,7 @@ func TestCandidateMembershipRowTakenOverJoinsAgain(t *testing.T) {
 		waitFor(t, 50*testdb.Heartbeat, "a to lead", a.IsLeader)
 		start(t, tg, "b")
 		admin := tg.Open(t)
-		listed := func(id string) bool {
-			ms, err := a.Members(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range ms {
-				if m.NodeID == id && m.Live && m.Status == "active" {
-					return true
-				}
-			}
-			return false
-		}
+		listed := func(id string) bool { return liveMember(t, a.Cluster, id) }
 		for _, id := range []string{"b", "a"} {
 			waitFor(t, 20*testdb.Heartbeat, id+" to be listed", func() bool { return listed(id) })
 			res, err := admin.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"nodes SET instance = ?, node_id = ? WHERE node_id = ?"), "taken-"+id, "x-"+id, id)

@@ -110,16 +110,16 @@ type sqlBegin struct {
 // sqlBegins are clusterpgx.BeginFencedSQL with c and cluster's
 // BeginFenced of the same member (c's method, or the function when c is
 // nil), which take the same path.
-func sqlBegins(c *cluster.Cluster, beginFenced func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)) []sqlBegin {
-	name := "Cluster.BeginFenced"
-	if c == nil {
-		name = "cluster.BeginFenced"
+func sqlBegins(c *cluster.Cluster) []sqlBegin {
+	own := sqlBegin{"cluster.BeginFenced", cluster.BeginFenced}
+	if c != nil {
+		own = sqlBegin{"Cluster.BeginFenced", c.BeginFenced}
 	}
 	return []sqlBegin{
 		{"clusterpgx.BeginFencedSQL", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
 			return clusterpgx.BeginFencedSQL(ctx, c, db, o)
 		}},
-		{name, beginFenced},
+		own,
 	}
 }
 
@@ -190,7 +190,7 @@ func TestBeginFencedSQL(t *testing.T) {
 			}
 			// cluster's BeginFenced takes the same path: this package's
 			// connection honours its request.
-			for _, begin := range sqlBegins(a, a.BeginFenced) {
+			for _, begin := range sqlBegins(a) {
 				log.reset()
 				tx, token, err := begin.f(ctx, app, nil)
 				if err != nil {
@@ -403,7 +403,7 @@ func TestBeginFencedSQLWithoutInit(t *testing.T) {
 		app := openSQL(t, tg, pool.open, log)
 		app.SetMaxOpenConns(1)
 		backendPID(t, app) // connected: the log holds only what follows
-		for _, begin := range sqlBegins(nil, cluster.BeginFenced) {
+		for _, begin := range sqlBegins(nil) {
 			log.reset()
 			tx, token, err := begin.f(ctx, app, nil)
 			if err != nil || token != 0 {
