@@ -175,7 +175,9 @@ func (r *compareRun) newSystem(name string, kind trialKind) (system, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := sqlfenceOptions{lease: string(kind), members: slots, conns: 2, tm: r.tm, mode: r.mode, log: quietLogger(r.verbose)}
+	// A lease of each system's own: postgres and pgx share the run's
+	// tables, and their takeover trials run at the same time.
+	o := sqlfenceOptions{lease: string(kind) + "-" + name, members: slots, conns: 2, tm: r.tm, mode: r.mode, log: quietLogger(r.verbose)}
 	if tg.dialect == cluster.Postgres {
 		o.label, o.configure = tg.name+r.pgSuffix, r.pgConfig
 	}
