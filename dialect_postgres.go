@@ -20,11 +20,12 @@ type postgres struct {
 	warmFlag string // the session setting the warm query sets
 	q        struct {
 		queries
-		CurrentSchema string `sql:"current_schema"` // (none)
-		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
-		Warm          string `sql:"warm"`           // (none)
-		Pass          string `sql:"pass"`           // name
-		Poll          string `sql:"poll"`           // name, instance
+		CurrentSchema string `sql:"current_schema"`   // (none)
+		SchemaLock    string `sql:"schema_lock"`      // lock key, lock timeout ms
+		Warm          string `sql:"warm"`             // (none)
+		Rehearse      string `sql:"rehearse_release"` // (none)
+		Pass          string `sql:"pass"`             // name
+		Poll          string `sql:"poll"`             // name, instance
 		pgLaneQueries
 	}
 }
@@ -37,6 +38,7 @@ func newPostgres(prefix string) dialect {
 	}
 	d.scratch, d.warmFlag = newInstanceID(), "sqlfence."+prefix+"warm"
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
+	d.q.Rehearse = strings.ReplaceAll(d.q.Rehearse, "{{scratch}}", d.scratch)
 	return d
 }
 
@@ -129,6 +131,14 @@ func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (ro
 // query), after an acquisition on it was refused.
 func (d *postgres) warm(ctx context.Context, conn Querier) error {
 	_, err := conn.Exec(ctx, d.q.Warm)
+	return err
+}
+
+// rehearseRelease runs a whole release of a scratch lease on conn's
+// database session, rolled back (the rehearse_release query), so that the
+// session's first real release does not compile what it reaches.
+func (d *postgres) rehearseRelease(ctx context.Context, conn Querier) error {
+	_, err := conn.Exec(ctx, d.q.Rehearse)
 	return err
 }
 

@@ -407,16 +407,28 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 // the statement costs about twice a later one (the client prepares it; on
 // PostgreSQL the server compiles the release function and plans its
 // statement, once per session); without this the first run would be
-// the release on Shutdown, which the followers wait for. Best effort, like
-// warm: an error pauses warm-ups for a while and changes nothing else.
+// the release on Shutdown, which the followers wait for. On PostgreSQL it
+// then rehearses a whole release, rolled back (releaseRehearser), for
+// what a release that ends no term never reaches. Best effort, like warm:
+// an error pauses warm-ups for a while and changes nothing else.
 func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
 	var instance, successor string
 	err := conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)).Scan(&instance, &successor)
+	if r, ok := p.d.(releaseRehearser); ok && (err == nil || errors.Is(err, sql.ErrNoRows)) {
+		err = r.rehearseRelease(ctx, conn)
+	}
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
 		p.log.DebugContext(ctx, "cluster: running the release statement once ahead of the release failed; the release runs all the same, a little slower; no warm-up for a while",
 			"pause", warmPauseAfterFailure, "err", err)
 	}
+}
+
+// A releaseRehearser is a dialect that can run a whole release on a
+// database session to no effect, so that its first real one is not the
+// first to compile what a release reaches.
+type releaseRehearser interface {
+	rehearseRelease(ctx context.Context, conn Querier) error
 }
 
 // Release implements [Provider]. It wakes the followers that listen.

@@ -72,6 +72,35 @@ BEGIN
 END
 $warm$;
 
+-- name: rehearse_release
+-- args: (none). Run by a leader at its term's first renew, after the
+-- release statement's run ahead (fencing token 0, which matches no row):
+-- that run prepares the statement and plans the release function, but a
+-- release that ends no term fires no trigger and sends no NOTIFY, and a
+-- session's first real release still cost about 0.13 ms more than a later
+-- one (bench/pgbench/firstrelease.sh); a leader releases once in its
+-- process's life, at Shutdown, so its followers always paid that. Here
+-- the acquire and release functions grant and release a scratch lease
+-- inside a subtransaction that is rolled back: the triggers a release
+-- fires are compiled, its NOTIFY and successor paths run, and nothing is
+-- left, no real lease's token moves, nothing is sent (a NOTIFY of a
+-- subtransaction rolled back never is). The scratch name begins with a
+-- space, which no Config.LeaseName may, and ends with {{scratch}}, the
+-- provider's own random hex digits, as the warm query's does. Best
+-- effort, one statement, committed without waiting for a WAL flush.
+DO $rehearse$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    BEGIN
+        PERFORM * FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}');
+        PERFORM * FROM {{prefix}}release(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL);
+        RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
+    EXCEPTION WHEN OTHERS THEN
+        NULL;
+    END;
+END
+$rehearse$;
+
 -- name: renew
 -- args: ttl ms, name, holder, instance, token. Returns the new expiry. The
 -- renew is also the leader's membership heartbeat.
