@@ -382,8 +382,11 @@ func TestFollowerTriesOnceListening(t *testing.T) {
 }
 
 // releaseTracer counts the release statements (of a term, by fencing
-// token) a pool sends, and the rehearsals of a release.
-type releaseTracer struct{ n, rehearsals atomic.Int64 }
+// token) a pool sends, and the rehearsals of a release and those that
+// failed.
+type releaseTracer struct{ n, rehearsals, failed atomic.Int64 }
+
+type rehearsalKey struct{}
 
 func (c *releaseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	switch {
@@ -391,11 +394,16 @@ func (c *releaseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 		c.n.Add(1)
 	case strings.Contains(d.SQL, "release rehearsal"):
 		c.rehearsals.Add(1)
+		return context.WithValue(ctx, rehearsalKey{}, true)
 	}
 	return ctx
 }
 
-func (c *releaseTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *releaseTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(rehearsalKey{}) != nil && d.Err != nil {
+		c.failed.Add(1)
+	}
+}
 
 // A leader runs its release statement once per term, at the term's first
 // renew and to no effect (fencing token 0: no row, no NOTIFY), so that the
@@ -440,6 +448,9 @@ func TestLeaderRunsReleaseAheadOncePerTerm(t *testing.T) {
 	}
 	if n, r := rel.n.Load(), rel.rehearsals.Load(); n != 4 || r != 2 {
 		t.Fatalf("Shutdown: the release statement ran %d times in all, want 4; %d rehearsals, want 2", n, r)
+	}
+	if f := rel.failed.Load(); f != 0 {
+		t.Fatalf("%d rehearsals failed", f)
 	}
 	// The rehearsals left no scratch lease and no fencing-token mark behind.
 	var left int
