@@ -81,6 +81,7 @@ type Cluster struct {
 	haltedFlag     atomic.Bool   // halted is set; readable from any goroutine
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
+	joinAgain      atomic.Bool   // a join after the row was taken over failed: join again at the next refresh (members.go)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -437,6 +438,74 @@ func TestSeenBackToBack(t *testing.T) {
 		}
 		if err := p.Seen(ctx, "leader", "gone-1"); err == nil {
 			t.Fatal("Seen of an instance without a row succeeded")
+		}
+	})
+}
+
+// lossyJoins is the default provider whose Join, while lose is above
+// zero, records the membership and then reports a failure: the answer of
+// a join that committed, lost.
+type lossyJoins struct {
+	*cluster.DBProvider
+	lose atomic.Int32
+}
+
+func (p *lossyJoins) Join(ctx context.Context, scope string, m cluster.Member) error {
+	if err := p.DBProvider.Join(ctx, scope, m); err != nil {
+		return err
+	}
+	if p.lose.Add(-1) >= 0 {
+		return errors.New("lossyJoins: the answer was lost")
+	}
+	return nil
+}
+
+// A node whose membership row was taken over joins again; when that
+// join's answer is lost (it committed, the call failed), it joins once
+// more, so that it takes lanes again and counts in their fair share.
+// Without, the row was back, no refresh found it missing, and the lanes'
+// keeper, which takes lanes again only after a join it counted, never
+// did (seen as TestMembershipRowTakenOverJoinsAgain timing out on MariaDB
+// in CI, when a join outlasted its heartbeat). Not parallel: it sets how
+// often a PostgreSQL candidate checks its row.
+func TestMembershipJoinedAgainAfterItsAnswerWasLost(t *testing.T) {
+	cluster.SetRowCheckEvery(t, 5*testdb.Heartbeat)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lossy := &lossyJoins{DBProvider: p}
+		g := start(t, tg, "g", func(c *cluster.Config) { c.Provider = lossy })
+		waitFor(t, 50*testdb.Heartbeat, "g to lead", g.IsLeader)
+		if _, err := claimLane(ctx, g, "orders-1"); err != nil {
+			t.Fatal(err)
+		}
+		admin := tg.Open(t)
+		takes := func() int {
+			var n int
+			err := admin.QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "g").Scan(&n)
+			if errors.Is(err, sql.ErrNoRows) {
+				return -1
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		waitFor(t, 20*testdb.Heartbeat, "g to take lanes", func() bool { return takes() == 1 })
+		lossy.lose.Store(1)
+		res, err := admin.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"nodes SET instance = ?, node_id = ? WHERE node_id = ?"), "taken-g", "x-g", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			t.Fatalf("took over %d rows of g, want 1", n)
+		}
+		waitFor(t, 40*testdb.Heartbeat, "g to join again and take lanes", func() bool { return takes() == 1 })
+		if lossy.lose.Load() > 0 {
+			t.Fatal("no join's answer was lost")
 		}
 	})
 }

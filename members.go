@@ -50,11 +50,12 @@ func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	return ms, nil
 }
 
-// join records this node as a member. Membership is for operators: a
-// failure (a follower on a read-only replica, say) is logged, not fatal.
-func (c *Cluster) join(ctx context.Context) {
+// join records this node as a member, and reports whether it did.
+// Membership is for operators: a failure (a follower on a read-only
+// replica, say) is logged, not fatal.
+func (c *Cluster) join(ctx context.Context) bool {
 	if c.members == nil {
-		return
+		return false
 	}
 	host, _ := os.Hostname()
 	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
@@ -62,11 +63,12 @@ func (c *Cluster) join(ctx context.Context) {
 	defer cancel()
 	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
 		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members will not list it", "err", err)
-		return
+		return false
 	}
 	c.joined.Store(true)
 	c.joins.Add(1)
 	c.rowChecked.Store(mono())
+	return true
 }
 
 // refreshMembership refreshes this node's membership every few heartbeats;
@@ -75,6 +77,17 @@ func (c *Cluster) join(ctx context.Context) {
 // still there.
 func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	if c.members == nil || !c.joined.Load() {
+		return
+	}
+	if c.joinAgain.Load() {
+		// A join again failed, yet it may have committed (its answer
+		// lost): then no refresh finds the row missing, and the lanes'
+		// keeper, which takes lanes again only after a join it counted,
+		// would leave this node out of their fair share. Join until one
+		// is counted (a second join of a row updates it).
+		if c.join(ctx) {
+			c.joinAgain.Store(false)
+		}
 		return
 	}
 	if candidate && c.members.SeenByLease() {
@@ -92,7 +105,9 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	switch {
 	case errors.Is(err, errNotMember):
 		c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
-		c.join(ctx)
+		if !c.join(ctx) {
+			c.joinAgain.Store(true)
+		}
 	case err != nil:
 		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 	}
