@@ -347,23 +347,28 @@ func TestMembershipRowTakenOverJoinsAgain(t *testing.T) {
 		if _, err := claimLane(ctx, g, "orders-1"); err != nil {
 			t.Fatal(err)
 		}
-		takes := func() int {
-			var n int
-			err := admin.QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "g").Scan(&n)
-			if errors.Is(err, sql.ErrNoRows) {
-				return -1
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+		takes := func() int { return takesLanes(t, tg, admin, "g") }
 		waitFor(t, 20*testdb.Heartbeat, "g to take lanes", func() bool { return takes() == 1 })
 		for round := 1; round <= 12; round++ {
 			takeOver("g", round)
 			waitFor(t, 20*testdb.Heartbeat, fmt.Sprintf("g to join again and take lanes (round %d)", round), func() bool { return takes() == 1 })
 		}
 	})
+}
+
+// takesLanes reads the takes_lanes mark of node id's membership row: -1
+// when it has none.
+func takesLanes(t *testing.T, tg testdb.Target, db *sql.DB, id string) int {
+	t.Helper()
+	var n int
+	err := db.QueryRowContext(context.Background(), bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), id).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // liveMember reports whether c's Members lists node id as live and
@@ -483,17 +488,7 @@ func TestMembershipJoinedAgainAfterItsAnswerWasLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		admin := tg.Open(t)
-		takes := func() int {
-			var n int
-			err := admin.QueryRowContext(ctx, bind(tg.Dialect, "SELECT takes_lanes FROM "+tg.Prefix+"nodes WHERE node_id = ?"), "g").Scan(&n)
-			if errors.Is(err, sql.ErrNoRows) {
-				return -1
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+		takes := func() int { return takesLanes(t, tg, admin, "g") }
 		waitFor(t, 20*testdb.Heartbeat, "g to take lanes", func() bool { return takes() == 1 })
 		lossy.lose.Store(1)
 		res, err := admin.ExecContext(ctx, bind(tg.Dialect, "UPDATE "+tg.Prefix+"nodes SET instance = ?, node_id = ? WHERE node_id = ?"), "taken-g", "x-g", "g")
