@@ -112,3 +112,81 @@ func TestSchemaUpgradeFromVersion3(t *testing.T) {
 		}
 	})
 }
+
+// A database made by schema version 4 is upgraded by New to this build's:
+// on PostgreSQL the membership rows gain takes_grants (0 for the members
+// already there) and the hand_over function appears, while the release
+// function that nodes of version 4 call stays; on every dialect the
+// version is recorded and the lease goes on from its token, handed over
+// or released.
+func TestSchemaUpgradeFromVersion4(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		src, err := os.ReadFile("testdata/schema_v4/" + string(tg.Dialect) + ".sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("version 4 DDL: %v\n%s", err, stmt)
+			}
+		}
+		for _, q := range []string{
+			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (4, 0)",
+			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
+			"INSERT INTO " + tg.Prefix + "nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('other', 'i', 'old', 'h', 1, '', 0, 0, 'left')",
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		functions := func() (n int) {
+			t.Helper()
+			err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_proc WHERE proname IN ($1, $2) AND pronamespace = current_schema()::regnamespace",
+				tg.Prefix+"hand_over", tg.Prefix+"release").Scan(&n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		if tg.Dialect == cluster.Postgres {
+			if n := functions(); n != 1 {
+				t.Fatalf("version 4 has %d of the functions release and hand_over; want release alone", n)
+			}
+		}
+
+		a := start(t, tg, "a", handOverTimings, listening(t, tg))
+		if got := a.FencingToken(); got != 8 {
+			t.Fatalf("first term after the upgrade has token %d, want 8", got)
+		}
+		var version int
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+		}
+		if tg.Dialect == cluster.Postgres {
+			if n := functions(); n != 2 {
+				t.Fatalf("after the upgrade %d of the functions release and hand_over exist; want both", n)
+			}
+			var grants int
+			if err := db.QueryRowContext(ctx, "SELECT takes_grants FROM "+tg.Prefix+"nodes WHERE scope = 'other' AND instance = 'i'").Scan(&grants); err != nil || grants != 0 {
+				t.Fatalf("a member of version 4 takes grants = %d (%v); want 0", grants, err)
+			}
+		}
+		b := start(t, tg, "b", handOverTimings, listening(t, tg))
+		if tg.Dialect == cluster.Postgres {
+			waitFor(t, 5*time.Second, "b to take grants", func() bool { return takesGrants(t, tg, b) })
+		}
+		if err := a.Resign(ctx); err != nil {
+			t.Fatalf("release after the upgrade: %v", err)
+		}
+		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
+		if got := b.FencingToken(); got != 9 {
+			t.Fatalf("b's term after a's has token %d, want 9", got)
+		}
+		if want := uint64(map[bool]int{true: 1}[tg.Dialect == cluster.Postgres]); b.Stats().HandedOver != want {
+			t.Fatalf("b: %d terms handed over; want %d (a: %+v)", b.Stats().HandedOver, want, a.Stats())
+		}
+	})
+}

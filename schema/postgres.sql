@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later, version 4.
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 5.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default
 -- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
@@ -273,6 +273,10 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     takes_lanes SMALLINT NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
+
+-- 1 once the node hears releases by LISTEN and may lead (version 5): a
+-- release may then hand the lease straight to it (function hand_over).
+ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS takes_grants SMALLINT NOT NULL DEFAULT 0;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,
@@ -564,3 +568,72 @@ BEGIN
                          pg_notify('{{prefix}}lease', r.name) AS bare) told;
 END
 $release$;
+
+-- A leader's release that hands the lease over (version 5): it ends the
+-- term of p_holder's p_instance under p_token, as release does, and in the
+-- same transaction grants a new term, the next fencing token, to the
+-- member that has run longest of those that hear releases by LISTEN and
+-- may lead (takes_grants, set by each such node) and were seen within one
+-- and a half TTLs (a listening follower tries at least once a TTL), for
+-- p_grant_ms. One commit instead of two, the release's and then the
+-- successor's grant: the successor, woken by the notification (the lease
+-- name, a tab, its instance and a tab; older nodes read it as a grant to
+-- another, and do not try), reads the row, finds itself the holder of a
+-- term it never held, and leads until the time the row gives it, less
+-- its safety margin, then renews (lease.go). The grant waits for its WAL
+-- flush, as every grant does: a successor must never lead on a token a
+-- server crash could hand out again. p_grant_ms is short, so that a
+-- successor that died since it was last seen holds the lease briefly;
+-- one that cannot lead (it holds off after Resign, or is stopping) gives
+-- it back at once. With no such member it is release (no grant). Returns
+-- the instance that held the term, the successor (named, or granted) and,
+-- for a grant, the new term: its token, holder, endpoint and expiry, and
+-- the database clock; one row when a term ended, none otherwise.
+CREATE OR REPLACE FUNCTION {{prefix}}hand_over(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT, p_grant_ms BIGINT)
+RETURNS TABLE (instance TEXT, successor TEXT, fencing_token BIGINT, holder TEXT, endpoint TEXT,
+               expires_at BIGINT, now_ms BIGINT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $hand_over$
+#variable_conflict use_column
+DECLARE
+    v_now   BIGINT := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_ttl   BIGINT;
+    v_next  RECORD;
+    v_token BIGINT;
+BEGIN
+    IF p_grant_ms IS NULL OR p_grant_ms <= 0 THEN
+        RETURN QUERY SELECT r.instance, r.successor, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint
+            FROM {{prefix}}release(p_name, p_holder, p_instance, p_token) r;
+        RETURN;
+    END IF;
+    SELECT l.expires_at - l.renewed_at INTO v_ttl FROM {{prefix}}lease l
+    WHERE l.name = p_name AND l.holder = p_holder AND l.instance = p_instance
+      AND l.fencing_token = p_token AND l.expires_at > v_now
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN; -- not this term's lease (ended, taken, or token 0: a run ahead)
+    END IF;
+    SELECT n.instance, n.node_id, n.endpoint INTO v_next FROM {{prefix}}nodes n
+    WHERE n.scope = p_name AND n.status = 'active' AND n.takes_grants = 1
+      AND n.instance <> p_instance AND n.last_seen >= v_now - v_ttl - v_ttl / 2
+    ORDER BY n.started_at, n.instance LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT r.instance, r.successor, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint
+            FROM {{prefix}}release(p_name, p_holder, p_instance, p_token) r;
+        RETURN;
+    END IF;
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; -- after the row lock
+    UPDATE {{prefix}}lease AS l
+    SET holder = v_next.node_id, instance = v_next.instance, fencing_token = l.fencing_token + 1,
+        acquired_at = v_now, renewed_at = v_now, expires_at = v_now + p_grant_ms, endpoint = v_next.endpoint
+    WHERE l.name = p_name
+    RETURNING l.fencing_token INTO v_token;
+    PERFORM pg_notify('{{prefix}}lease', p_name || E'\t' || v_next.instance || E'\t');
+    RETURN QUERY SELECT p_instance, v_next.instance, v_token, v_next.node_id, v_next.endpoint, v_now + p_grant_ms, v_now;
+END
+$hand_over$;

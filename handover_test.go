@@ -1,0 +1,230 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
+	"github.com/sqlfence/cluster/internal/testdb"
+)
+
+// listening makes a node on PostgreSQL hear releases by LISTEN
+// (clusterpgx's provider over its database/sql pool); elsewhere it
+// changes nothing.
+func listening(t *testing.T, tg testdb.Target) func(*cluster.Config) {
+	return func(c *cluster.Config) {
+		if tg.Dialect != cluster.Postgres {
+			return
+		}
+		p, err := clusterpgx.NewStdlibProvider(c.DB, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Provider, c.DB, c.TablePrefix = p, nil, ""
+	}
+}
+
+// handOverTimings leave a successor room to find a term handed to it on
+// a loaded machine: the grant lasts the margin (600ms) plus two
+// heartbeats, and the successor trusts what is left of it less the
+// margin, about 600ms, where it needs only one statement.
+func handOverTimings(c *cluster.Config) {
+	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 3*time.Second, 300*time.Millisecond, 2400*time.Millisecond
+}
+
+// A release by a leader that stops hands the lease over on PostgreSQL: in
+// the commit that ends its term it grants the next token to the follower
+// that listens, which leads by reading the row, with no grant of its own
+// (the row's token is the old one plus one, and the follower counts the
+// term as handed over). The follower then renews the short grant into a
+// whole term. Elsewhere the follower acquires the lease as before.
+func TestReleaseHandsLeaseOver(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := start(t, tg, "a", handOverTimings, listening(t, tg))
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		b := start(t, tg, "b", handOverTimings, listening(t, tg))
+		if tg.Dialect == cluster.Postgres {
+			waitFor(t, 5*time.Second, "b to hear releases and take grants", func() bool {
+				return b.Stats().HearingReleases && takesGrants(t, tg, b)
+			})
+		}
+		token := a.FencingToken()
+		if err := a.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 2*time.Second, "b to lead after a stopped", b.IsLeader)
+		t.Logf("b led %v after a's Shutdown returned", took.Round(time.Millisecond))
+		if got := b.FencingToken(); got != token+1 {
+			t.Fatalf("b leads with token %d; want %d, the next after a's %d", got, token+1, token)
+		}
+		s := b.Stats()
+		if want := uint64(map[bool]int{true: 1}[tg.Dialect == cluster.Postgres]); s.HandedOver != want || s.Acquisitions != 1 {
+			t.Fatalf("b: %d terms handed over of %d; want %d of 1", s.HandedOver, s.Acquisitions, want)
+		}
+		// The grant lasts 1.2s; b renews it into a term of its own.
+		time.Sleep(2 * time.Second)
+		if !b.IsLeader() || b.FencingToken() != token+1 {
+			t.Fatalf("2s later b leads %v with token %d; want it still leading with %d", b.IsLeader(), b.FencingToken(), token+1)
+		}
+		l, err := b.CurrentLeader(ctx)
+		if err != nil || l == nil || l.NodeID != "b" || l.FencingToken != token+1 {
+			t.Fatalf("the lease row says %+v (%v); want b with token %d", l, err, token+1)
+		}
+	})
+}
+
+// takesGrants reports whether n's membership row says it takes the lease
+// a release hands over.
+func takesGrants(t *testing.T, tg testdb.Target, n *node) bool {
+	t.Helper()
+	var v int
+	err := n.db.QueryRowContext(context.Background(),
+		"SELECT takes_grants FROM "+tg.Prefix+"nodes WHERE scope = 'leader' AND node_id = $1 AND status = 'active'", n.NodeID()).Scan(&v)
+	if err != nil {
+		t.Fatalf("read takes_grants of %s: %v", n.NodeID(), err)
+	}
+	return v == 1
+}
+
+// A term handed to a node that will not lead (it holds off after its own
+// Resign) is given back at once: the third node leads within a fraction
+// of a heartbeat, under the token after the one handed over and given
+// back (PostgreSQL), not when the grant expires.
+func TestHandedOverTermGivenBackByNodeThatHoldsOff(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	holdOff := func(c *cluster.Config) {
+		c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 10*time.Second, 300*time.Millisecond, 9400*time.Millisecond
+		c.ResignHoldOff = 10 * time.Second
+		listening(t, tg)(c)
+	}
+	a := start(t, tg, "a", holdOff) // the member that has run longest
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	b := start(t, tg, "b", holdOff)
+	c := start(t, tg, "c", holdOff)
+	for _, n := range []*node{b, c} {
+		waitFor(t, 5*time.Second, n.NodeID()+" to take grants", func() bool { return takesGrants(t, tg, n) })
+	}
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	x := leaderOf(t, 2*time.Second, b, c)
+	y := map[*node]*node{b: c, c: b}[x]
+	waitFor(t, 5*time.Second, "a to take grants", func() bool { return takesGrants(t, tg, a) })
+	token := x.FencingToken()
+	// The release by x hands the lease to a (longest running), which holds
+	// off for 10s and gives it back; y takes it then.
+	if err := x.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 2*time.Second, y.NodeID()+" to lead after "+x.NodeID()+" resigned", y.IsLeader)
+	t.Logf("%s led %v after %s resigned (a, handed the lease, holds off)", y.NodeID(), took.Round(time.Millisecond), x.NodeID())
+	if took >= 600*time.Millisecond {
+		t.Errorf("%s led %v after the release: about when the grant to a expired (1.2s), not at once", y.NodeID(), took.Round(time.Millisecond))
+	}
+	if got := y.FencingToken(); got != token+2 {
+		t.Errorf("%s leads with token %d; want %d: %d handed to a and given back, then its own", y.NodeID(), got, token+2, token+1)
+	}
+	if a.IsLeader() || a.Stats().HandedOver != 0 {
+		t.Errorf("a, holding off, leads %v with %d terms handed over", a.IsLeader(), a.Stats().HandedOver)
+	}
+}
+
+// A node that finds a term under its own name that it never led (a
+// release handed it over, or an attempt of its own committed and its
+// answer was lost) trusts it only for what the database says is left of
+// it, less the margin LeaseTTL - FenceTimeout: with every renew failing,
+// IsLeader is false before the attempt's start plus that, however long
+// FenceTimeout is.
+func TestHandedOverTermTrustedOnlyForWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	const remaining = 700 * time.Millisecond
+	margin := testdb.LeaseTTL - testdb.FenceTimeout // 300ms
+	var attemptAt atomic.Int64
+	var once sync.Once
+	p := &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			var err error
+			once.Do(func() {
+				attemptAt.Store(time.Now().UnixNano())
+				err = &cluster.LeaseHeldError{Holder: r.Holder, Instance: r.Instance, FencingToken: 7, Remaining: remaining}
+			})
+			if err != nil {
+				return cluster.Lease{}, err
+			}
+			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "z", Instance: "z", FencingToken: 8, Remaining: time.Minute}
+		},
+		RenewFunc: func(context.Context, cluster.Lease, time.Duration) (cluster.Lease, error) {
+			return cluster.Lease{}, errors.New("the database does not answer")
+		},
+	}
+	n := startFake(t, p)
+	var lastTrue time.Time
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if n.IsLeader() {
+			lastTrue = time.Now()
+		} else if !lastTrue.IsZero() {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if lastTrue.IsZero() {
+		t.Fatal("the node never led the term under its name")
+	}
+	trusted := lastTrue.Sub(time.Unix(0, attemptAt.Load()))
+	t.Logf("led for %v of the %v left (margin %v)", trusted.Round(time.Millisecond), remaining, margin)
+	if trusted >= remaining-margin {
+		t.Fatalf("the node led %v after its attempt; the database gave the term %v, so it may lead %v at most", trusted, remaining, remaining-margin)
+	}
+	if s := n.Stats(); s.HandedOver != 1 || s.FencingToken != 0 {
+		t.Fatalf("stats %+v; want one term handed over, over now", s)
+	}
+}
+
+// A term found under the node's own name with too little left to renew
+// in (less than the margin plus half a heartbeat) is not led: the node
+// releases it and campaigns for one of its own.
+func TestHandedOverTermTooShortIsReleased(t *testing.T) {
+	t.Parallel()
+	released := make(chan uint64, 4)
+	var n atomic.Int32
+	p := &fakeProvider{
+		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+			if n.Add(1) == 1 {
+				return cluster.Lease{}, &cluster.LeaseHeldError{Holder: r.Holder, Instance: r.Instance, FencingToken: 7,
+					Remaining: testdb.LeaseTTL - testdb.FenceTimeout + testdb.Heartbeat/4}
+			}
+			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 8}, nil
+		},
+		ReleaseFunc: func(_ context.Context, l cluster.Lease) error {
+			released <- l.FencingToken
+			return nil
+		},
+	}
+	a := startFake(t, p)
+	select {
+	case tok := <-released:
+		if tok != 7 {
+			t.Fatalf("released token %d; want 7, the term too short to lead", tok)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the term too short to lead was not released")
+	}
+	waitFor(t, 3*time.Second, "a to lead a term of its own", a.IsLeader)
+	if s := a.Stats(); a.FencingToken() != 8 || s.HandedOver != 0 {
+		t.Fatalf("a leads with token %d, %d terms handed over; want 8 and none", a.FencingToken(), s.HandedOver)
+	}
+}
