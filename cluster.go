@@ -86,7 +86,6 @@ type Cluster struct {
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
 	joinAgain      atomic.Bool   // a join after the row was taken over failed: join again at the next refresh (members.go)
-	takesGrants    atomic.Bool   // the membership row says this node takes grants a release hands over (members.go)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

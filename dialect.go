@@ -234,10 +234,11 @@ type poller interface {
 
 // A handOverer is a dialect whose release can hand the lease over: in the
 // commit that ends a term it grants the next one to a member that hears
-// releases and may lead (one that called takeGrants), so that the
+// releases and may lead (one that called takeGrants on its listening
+// connection), so that the
 // successor need only read the row to lead (lease.go, adopt).
 type handOverer interface {
-	handOver(ctx context.Context, conn Querier, l Lease, grant time.Duration) (handedOver, error)
+	handOver(ctx context.Context, conn Querier, l Lease, grant, hold time.Duration) (handedOver, error)
 	takeGrants(ctx context.Context, conn Querier, scope, instance string) error
 }
 

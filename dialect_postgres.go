@@ -25,7 +25,7 @@ type postgres struct {
 		Warm          string `sql:"warm"`             // (none)
 		Rehearse      string `sql:"rehearse_release"` // (none)
 		Pass          string `sql:"pass"`             // name
-		HandOver      string `sql:"hand_over"`        // name, holder, instance, token, grant ms
+		HandOver      string `sql:"hand_over"`        // name, holder, instance, token, grant ms, hold ms
 		TakeGrants    string `sql:"take_grants"`      // scope, instance
 		Poll          string `sql:"poll"`             // name, instance
 		pgLaneQueries
@@ -146,12 +146,13 @@ func (d *postgres) rehearseRelease(ctx context.Context, conn Querier) error {
 
 // handOver ends term l and grants the lease to a member that takes
 // grants, for grant (the hand_over query); with none it releases as the
-// release query does. It returns sql.ErrNoRows when l held no term.
-func (d *postgres) handOver(ctx context.Context, conn Querier, l Lease, grant time.Duration) (handedOver, error) {
+// release query does. The releasing member takes no grant for hold. It
+// returns sql.ErrNoRows when l held no term.
+func (d *postgres) handOver(ctx context.Context, conn Querier, l Lease, grant, hold time.Duration) (handedOver, error) {
 	var h handedOver
 	var token, expires, now sql.NullInt64
 	var holder, endpoint sql.NullString
-	err := conn.QueryRow(ctx, d.q.HandOver, l.Name, l.Holder, l.Instance, int64(l.FencingToken), grant.Milliseconds()).
+	err := conn.QueryRow(ctx, d.q.HandOver, l.Name, l.Holder, l.Instance, int64(l.FencingToken), grant.Milliseconds(), hold.Milliseconds()).
 		Scan(&h.instance, &h.successor, &token, &holder, &endpoint, &expires, &now)
 	if err != nil || !token.Valid {
 		return h, err
@@ -161,8 +162,9 @@ func (d *postgres) handOver(ctx context.Context, conn Querier, l Lease, grant ti
 	return h, nil
 }
 
-// takeGrants records that instance, a member of scope, hears releases by
-// LISTEN and may lead, so that a release may hand it the lease.
+// takeGrants records, on conn, the connection on which instance, a member
+// of scope that may lead, LISTENs for releases, that a release may hand it
+// the lease while that connection's server process runs.
 func (d *postgres) takeGrants(ctx context.Context, conn Querier, scope, instance string) error {
 	_, err := conn.Exec(ctx, d.q.TakeGrants, scope, instance)
 	return err

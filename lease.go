@@ -52,7 +52,6 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 		// then holds no write lock).
 		c.refreshMembership(ctx, true)
 		wait := c.step(ctx)
-		c.markTakesGrants(ctx)
 		if c.halted != nil {
 			c.haltedFlag.Store(true)
 			return
@@ -160,12 +159,13 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 	if !c.lose(t, ReasonSelfFenced, nil) {
 		return 0
 	}
-	if err := c.release(ctx, t.lease); err != nil {
+	handed, err := c.releaseHolding(ctx, t.lease, 0)
+	if err != nil {
 		c.log.DebugContext(ctx, "cluster: release after self-fencing failed; the lease expires by itself",
 			"fencing_token", t.lease.FencingToken, "err", err)
 		return c.cfg.HeartbeatInterval
 	}
-	c.observe(observed{token: t.lease.FencingToken, free: true}, "", "")
+	c.observeReleased(t.lease.FencingToken, handed)
 	return 0
 }
 
@@ -219,7 +219,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	var held *LeaseHeldError
 	switch {
 	case err == nil:
-		if !c.lead(ctx, l, start, c.cfg.FenceTimeout) {
+		if !c.lead(ctx, l, start, c.cfg.FenceTimeout, false) {
 			return c.cfg.HeartbeatInterval
 		}
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
@@ -229,10 +229,9 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			if trust, ok := c.adoptable(held); ok {
 				l := Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, Endpoint: held.Endpoint,
 					FencingToken: held.FencingToken, ExpiresAt: held.ExpiresAt}
-				if !c.lead(ctx, l, start, trust) {
+				if !c.lead(ctx, l, start, trust, true) {
 					return c.cfg.HeartbeatInterval
 				}
-				c.stats.handedOver.Add(1)
 				if p, ok := c.provider.(*DBProvider); ok {
 					p.announceTaken(c.cfg.LeaseName, l) // the node that handed it over may wait for this
 				}
@@ -284,10 +283,11 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 }
 
 // lead makes this node the leader of term l, granted by an attempt that
-// began at start, trusting it for trust from start; it reports whether
-// it does. It checks the database first: a rolled-back database must not
-// get a leader that writes on top of it.
-func (c *Cluster) lead(ctx context.Context, l Lease, start int64, trust time.Duration) bool {
+// began at start (or found under its name by that attempt: handed),
+// trusting it for trust from start; it reports whether it does. It checks
+// the database first: a rolled-back database must not get a leader that
+// writes on top of it.
+func (c *Cluster) lead(ctx context.Context, l Lease, start int64, trust time.Duration, handed bool) bool {
 	if err := c.verifyAcquired(ctx, l, monoAfter(start, trust)); err != nil {
 		return false
 	}
@@ -305,6 +305,9 @@ func (c *Cluster) lead(ctx context.Context, l Lease, start int64, trust time.Dur
 	c.lastToken = l.FencingToken
 	c.stats.termStart.Store(time.Now().UnixNano())
 	c.stats.acquisitions.Add(1)
+	if handed {
+		c.stats.handedOver.Add(1)
+	}
 	c.term.Store(t)
 	c.unsure = false
 	c.startWork(t)
@@ -339,9 +342,12 @@ func (c *Cluster) adoptable(held *LeaseHeldError) (time.Duration, bool) {
 // handOverTTL is how long a release by this node grants the lease to the
 // successor it hands it to (hand_over): the margin LeaseTTL -
 // FenceTimeout the successor deducts (adoptable) plus two heartbeats, at
-// most LeaseTTL. Short, so that a successor that died since it was last
-// seen holds the lease for that long rather than a whole TTL; the
-// successor renews it at once.
+// most LeaseTTL (which it is at the default timings: a 10s heartbeat).
+// With short heartbeats it is well below the TTL, which bounds how long a
+// successor that is alive but cannot take the term (hung, partitioned
+// away) holds the lease; one whose process died is not chosen (the
+// release checks its listening connection's server process). The
+// successor renews the grant at once.
 func (c *Cluster) handOverTTL() time.Duration {
 	return min(c.cfg.LeaseTTL, c.cfg.LeaseTTL-c.cfg.FenceTimeout+2*c.cfg.HeartbeatInterval)
 }
@@ -427,14 +433,35 @@ func (c *Cluster) quiesce(t *term) {
 // release expires term l in the store, bounded by one heartbeat. With
 // the default provider it hands the lease over where it can (handOverTTL).
 func (c *Cluster) release(ctx context.Context, l Lease) error {
+	_, err := c.releaseHolding(ctx, l, 0)
+	return err
+}
+
+// releaseHolding is release, also returning the term the release handed
+// to another node (nil when it handed none): where the release hands the
+// lease over, this node takes no grant for hold (Resign's hold-off: it
+// would give it back at once).
+func (c *Cluster) releaseHolding(ctx context.Context, l Lease, hold time.Duration) (*Lease, error) {
 	p, ok := c.provider.(*DBProvider)
 	if !ok {
-		return c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
+		return nil, c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
 	}
-	return c.releaseBy(ctx, func(rctx context.Context) error {
-		_, err := p.releaseTerm(rctx, l, c.handOverTTL())
+	var r released
+	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
+		r, err = p.releaseTerm(rctx, l, c.handOverTTL(), hold)
 		return err
 	})
+	return r.granted, err
+}
+
+// observeReleased reports what this node's release of the term with token
+// left: the term it handed over, or the lease free.
+func (c *Cluster) observeReleased(token uint64, handed *Lease) {
+	if handed != nil {
+		c.observe(observed{token: handed.FencingToken}, handed.Holder, handed.Endpoint)
+		return
+	}
+	c.observe(observed{token: token, free: true}, "", "")
 }
 
 // releaseBy runs release, a release of this node's term, and records it.
@@ -471,7 +498,7 @@ func (c *Cluster) releaseToSuccessor(ctx context.Context, l Lease) (bool, error)
 	}
 	var r released
 	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
-		r, err = p.releaseTerm(rctx, l, c.handOverTTL())
+		r, err = p.releaseTerm(rctx, l, c.handOverTTL(), 0)
 		return err
 	})
 	if r.granted != nil {

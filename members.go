@@ -66,7 +66,6 @@ func (c *Cluster) join(ctx context.Context) bool {
 		return false
 	}
 	c.joined.Store(true)
-	c.takesGrants.Store(false) // a row joined anew does not
 	c.joins.Add(1)
 	c.rowChecked.Store(mono())
 	return true
@@ -112,32 +111,6 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	case err != nil:
 		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 	}
-}
-
-// markTakesGrants records, once this candidate hears releases by LISTEN,
-// that a release may hand it the lease (hand_over, on PostgreSQL). The
-// heartbeat calls it after a step, not before: the step a release's
-// wake-up started runs its attempt first, on the listening connection
-// lent to it for a few milliseconds. A node that stops hearing keeps the
-// mark: it polls then, at least once a heartbeat, and finds a term handed
-// to it before the grant expires (handOverTTL gives it two heartbeats
-// past its margin).
-func (c *Cluster) markTakesGrants(ctx context.Context) {
-	if c.takesGrants.Load() || !c.hearing.Load() || c.members == nil || !c.joined.Load() {
-		return
-	}
-	p, ok := c.provider.(*DBProvider)
-	if !ok {
-		c.takesGrants.Store(true) // nothing to record
-		return
-	}
-	mctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	defer cancel()
-	if err := p.takeGrants(mctx, c.cfg.LeaseName, c.instance); err != nil {
-		c.log.DebugContext(ctx, "cluster: could not record that this node takes the lease handed over; releases name it as before", "err", err)
-		return
-	}
-	c.takesGrants.Store(true)
 }
 
 // leave marks this node as left, on Shutdown.

@@ -416,7 +416,7 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
 	var err error
 	if h, ok := p.d.(handOverer); ok {
-		_, err = h.handOver(ctx, conn, Lease{Name: l.Name, Holder: l.Holder, Instance: l.Instance}, time.Second)
+		_, err = h.handOver(ctx, conn, Lease{Name: l.Name, Holder: l.Holder, Instance: l.Instance}, time.Second, 0)
 	} else {
 		var instance, successor string
 		err = conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)).Scan(&instance, &successor)
@@ -440,7 +440,7 @@ type releaseRehearser interface {
 
 // Release implements [Provider]. It wakes the followers that listen.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	_, err := p.releaseTerm(ctx, l, 0)
+	_, err := p.releaseTerm(ctx, l, 0, 0)
 	return err
 }
 
@@ -449,8 +449,8 @@ func (p *DBProvider) Release(ctx context.Context, l Lease) error {
 // and whether it woke a node of this process. With grant above zero, on a
 // dialect that can (handOverer), the release hands the lease to a member
 // that takes grants, for grant, in the same commit; the others are told
-// it is taken.
-func (p *DBProvider) releaseTerm(ctx context.Context, l Lease, grant time.Duration) (released, error) {
+// it is taken; and the releasing member takes no grant for hold.
+func (p *DBProvider) releaseTerm(ctx context.Context, l Lease, grant, hold time.Duration) (released, error) {
 	h, ok := p.d.(handOverer)
 	if !ok || grant <= 0 {
 		return p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
@@ -460,7 +460,7 @@ func (p *DBProvider) releaseTerm(ctx context.Context, l Lease, grant time.Durati
 		return released{}, err
 	}
 	defer release()
-	r, err := h.handOver(ctx, conn, l, grant)
+	r, err := h.handOver(ctx, conn, l, grant, hold)
 	if errors.Is(err, sql.ErrNoRows) {
 		return released{}, nil
 	}
@@ -474,24 +474,6 @@ func (p *DBProvider) releaseTerm(ctx context.Context, l Lease, grant time.Durati
 	g := r.granted.lease(l.Name)
 	woke := p.announceHandOver(l.Name, r.instance, g)
 	return released{ended: true, successor: r.successor, woke: woke, granted: &g}, nil
-}
-
-// takeGrants records, where releases can hand the lease over
-// (handOverer), that instance hears releases by LISTEN and may lead.
-func (p *DBProvider) takeGrants(ctx context.Context, scope, instance string) error {
-	h, ok := p.d.(handOverer)
-	if !ok {
-		return nil
-	}
-	conn, release, err := p.conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer release()
-	if err := h.takeGrants(ctx, conn, scope, instance); err != nil {
-		return p.wrap("record that this node takes grants", err)
-	}
-	return nil
 }
 
 // ReleaseInstance implements [InstanceReleaser].

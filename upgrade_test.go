@@ -114,7 +114,7 @@ func TestSchemaUpgradeFromVersion3(t *testing.T) {
 }
 
 // A database made by schema version 4 is upgraded by New to this build's:
-// on PostgreSQL the membership rows gain takes_grants (0 for the members
+// on PostgreSQL the membership rows gain listener_pid and grants_after (0 for the members
 // already there) and the hand_over function appears, while the release
 // function that nodes of version 4 call stays; on every dialect the
 // version is recorded and the lease goes on from its token, handed over
@@ -169,9 +169,9 @@ func TestSchemaUpgradeFromVersion4(t *testing.T) {
 			if n := functions(); n != 2 {
 				t.Fatalf("after the upgrade %d of the functions release and hand_over exist; want both", n)
 			}
-			var grants int
-			if err := db.QueryRowContext(ctx, "SELECT takes_grants FROM "+tg.Prefix+"nodes WHERE scope = 'other' AND instance = 'i'").Scan(&grants); err != nil || grants != 0 {
-				t.Fatalf("a member of version 4 takes grants = %d (%v); want 0", grants, err)
+			var pid, after int64
+			if err := db.QueryRowContext(ctx, "SELECT listener_pid, grants_after FROM "+tg.Prefix+"nodes WHERE scope = 'other' AND instance = 'i'").Scan(&pid, &after); err != nil || pid != 0 || after != 0 {
+				t.Fatalf("a member of version 4 has listener_pid %d, grants_after %d (%v); want 0 and 0 (it takes no grant)", pid, after, err)
 			}
 		}
 		b := start(t, tg, "b", handOverTimings, listening(t, tg))

@@ -306,6 +306,9 @@ type watchHooks struct {
 	// listen false hears releases in this process only
 	// (Config.PollOnly), never through LISTEN.
 	listen bool
+	// grants: the node may lead, so a release may hand it the lease while
+	// it listens (handOverer): the listening connection records itself.
+	grants bool
 }
 
 // watchNamed is WatchReleases, telling h.wake whether the release named
@@ -369,6 +372,15 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 				}
 				cancel()
 			}
+			if g, ok := p.d.(handOverer); ok && h.grants && conn != nil {
+				// While this connection's server process runs, a release may
+				// hand the lease to this node.
+				gctx, cancel := context.WithTimeout(ctx, time.Second) // a statement cut off costs the connection
+				if err := g.takeGrants(gctx, conn, name, instance); err != nil {
+					p.log.DebugContext(ctx, "cluster: could not record that this node takes the lease handed over; releases name it as before", "err", err)
+				}
+				cancel()
+			}
 			live(true)
 		}, func(payload string, conn Querier) {
 			if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
@@ -381,6 +393,15 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 					} else {
 						hear(instance)
 					}
+					return
+				}
+				if lease == name && handed && holder != instance {
+					// Handed to another node: a wake still pending would only
+					// be refused. Not a sign that the successor leads (it has
+					// yet to read its term): a node that released in this
+					// process hears that from the successor (announceTaken),
+					// and one that released in another does not wait.
+					d.stop()
 					return
 				}
 				if lease == name && holder != instance {
@@ -624,7 +645,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			case c.succeeded <- struct{}{}:
 			default:
 			}
-		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly})
+		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly, grants: true})
 	} else {
 		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)

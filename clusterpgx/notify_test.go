@@ -243,8 +243,14 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	if !nodes["a"].IsLeader() {
 		t.Fatal("a does not lead")
 	}
+	admin := newPool(t, tg, 1)
 	for _, id := range []string{"b", "c", "d"} {
 		waitFor(t, 3*time.Second, id+" to hear releases", func() bool { return nodes[id].Stats().HearingReleases })
+		waitFor(t, 3*time.Second, id+" to take grants", func() bool {
+			var pid int64
+			err := admin.QueryRow(ctx, "SELECT listener_pid FROM "+tg.Prefix+"nodes WHERE node_id = $1 AND status = 'active'", id).Scan(&pid)
+			return err == nil && pid != 0
+		})
 	}
 	// For the attempt each follower makes within half a heartbeat (1s) of
 	// listening, which opens a connection: one still doing that when named
@@ -393,7 +399,7 @@ type rehearsalKey struct{}
 
 func (c *releaseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	switch {
-	case strings.Contains(d.SQL, "hand_over($1, $2, $3, $4, $5)"):
+	case strings.Contains(d.SQL, "hand_over($1, $2, $3, $4, $5, $6)"):
 		c.n.Add(1)
 	case strings.Contains(d.SQL, "release rehearsal"):
 		c.rehearsals.Add(1)

@@ -274,9 +274,13 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     PRIMARY KEY (scope, instance)
 );
 
--- 1 once the node hears releases by LISTEN and may lead (version 5): a
--- release may then hand the lease straight to it (function hand_over).
-ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS takes_grants SMALLINT NOT NULL DEFAULT 0;
+-- Version 5. listener_pid: the server process of the connection on which
+-- a member that may lead LISTENs for releases (0: none), so that a release
+-- may hand the lease straight to it (function hand_over) while that
+-- process lives. grants_after: a member that resigned takes no grant
+-- before this time (its hold-off), unix ms by the database clock.
+ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS listener_pid BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS grants_after BIGINT NOT NULL DEFAULT 0;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,
@@ -571,25 +575,30 @@ $release$;
 
 -- A leader's release that hands the lease over (version 5): it ends the
 -- term of p_holder's p_instance under p_token, as release does, and in the
--- same transaction grants a new term, the next fencing token, to the
--- member that has run longest of those that hear releases by LISTEN and
--- may lead (takes_grants, set by each such node) and were seen within one
--- and a half TTLs (a listening follower tries at least once a TTL), for
--- p_grant_ms. One commit instead of two, the release's and then the
--- successor's grant: the successor, woken by the notification (the lease
--- name, a tab, its instance and a tab; older nodes read it as a grant to
--- another, and do not try), reads the row, finds itself the holder of a
--- term it never held, and leads until the time the row gives it, less
--- its safety margin, then renews (lease.go). The grant waits for its WAL
--- flush, as every grant does: a successor must never lead on a token a
--- server crash could hand out again. p_grant_ms is short, so that a
--- successor that died since it was last seen holds the lease briefly;
--- one that cannot lead (it holds off after Resign, or is stopping) gives
--- it back at once. With no such member it is release (no grant). Returns
--- the instance that held the term, the successor (named, or granted) and,
--- for a grant, the new term: its token, holder, endpoint and expiry, and
--- the database clock; one row when a term ended, none otherwise.
-CREATE OR REPLACE FUNCTION {{prefix}}hand_over(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT, p_grant_ms BIGINT)
+-- same transaction grants a new term, the next fencing token, for
+-- p_grant_ms, to the member that has run longest of those that may take
+-- it: active, seen within one and a half TTLs (a listening follower tries
+-- at least once a TTL), not holding off after a Resign (grants_after),
+-- and listening for releases on a connection whose server process still
+-- runs (listener_pid, set on that connection: a member whose process died
+-- has lost it, and is passed over). One commit instead of two, the
+-- release's and then the successor's grant: the successor, woken by the
+-- notification (the lease name, a tab, its instance and a tab; older
+-- nodes read it as a grant to another, and do not try), reads the row,
+-- finds itself the holder of a term it never held, and leads until the
+-- time the row gives it, less its safety margin, then renews (lease.go).
+-- The grant waits for its WAL flush, as every grant does: a successor
+-- must never lead on a token a server crash could hand out again. A
+-- successor that cannot lead (stopping, or stopped campaigning) gives the
+-- term back at once. The releasing member takes no grant for p_hold_ms
+-- (its own hold-off after Resign). With no member to hand the lease to,
+-- or a lease row below its high-water mark (the guard would refuse the
+-- grant), it is release (no grant). Returns the instance that held the
+-- term, the successor (named, or granted) and, for a grant, the new term:
+-- its token, holder, endpoint and expiry, and the database clock; one row
+-- when a term ended, none otherwise.
+CREATE OR REPLACE FUNCTION {{prefix}}hand_over(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT,
+                                               p_grant_ms BIGINT, p_hold_ms BIGINT)
 RETURNS TABLE (instance TEXT, successor TEXT, fencing_token BIGINT, holder TEXT, endpoint TEXT,
                expires_at BIGINT, now_ms BIGINT)
 LANGUAGE plpgsql
@@ -600,26 +609,39 @@ AS $hand_over$
 DECLARE
     v_now   BIGINT := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_ttl   BIGINT;
+    v_mark  BIGINT;
+    v_cur   BIGINT;
     v_next  RECORD;
+    v_found BOOLEAN := false;
     v_token BIGINT;
 BEGIN
-    IF p_grant_ms IS NULL OR p_grant_ms <= 0 THEN
-        RETURN QUERY SELECT r.instance, r.successor, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint
-            FROM {{prefix}}release(p_name, p_holder, p_instance, p_token) r;
-        RETURN;
-    END IF;
-    SELECT l.expires_at - l.renewed_at INTO v_ttl FROM {{prefix}}lease l
+    SELECT l.expires_at - l.renewed_at, l.fencing_token INTO v_ttl, v_cur FROM {{prefix}}lease l
     WHERE l.name = p_name AND l.holder = p_holder AND l.instance = p_instance
       AND l.fencing_token = p_token AND l.expires_at > v_now
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN; -- not this term's lease (ended, taken, or token 0: a run ahead)
     END IF;
-    SELECT n.instance, n.node_id, n.endpoint INTO v_next FROM {{prefix}}nodes n
-    WHERE n.scope = p_name AND n.status = 'active' AND n.takes_grants = 1
-      AND n.instance <> p_instance AND n.last_seen >= v_now - v_ttl - v_ttl / 2
-    ORDER BY n.started_at, n.instance LIMIT 1;
-    IF NOT FOUND THEN
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; -- after the row lock
+    IF p_hold_ms > 0 THEN
+        UPDATE {{prefix}}nodes SET grants_after = v_now + p_hold_ms WHERE scope = p_name AND instance = p_instance;
+    END IF;
+    SELECT h.value INTO v_mark FROM {{prefix}}high_water h WHERE h.scope = 'lease/' || p_name;
+    IF p_grant_ms > 0 AND v_cur >= COALESCE(v_mark, 0) THEN
+        FOR v_next IN
+            SELECT n.instance, n.node_id, n.endpoint, n.listener_pid FROM {{prefix}}nodes n
+            WHERE n.scope = p_name AND n.status = 'active' AND n.listener_pid <> 0
+              AND n.grants_after <= v_now AND n.instance <> p_instance
+              AND n.last_seen >= v_now - v_ttl - v_ttl / 2
+            ORDER BY n.started_at, n.instance
+        LOOP
+            IF EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(v_next.listener_pid::integer)) THEN
+                v_found := true;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF NOT v_found THEN
         RETURN QUERY SELECT r.instance, r.successor, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint
             FROM {{prefix}}release(p_name, p_holder, p_instance, p_token) r;
         RETURN;
@@ -627,7 +649,6 @@ BEGIN
     IF current_setting('synchronous_commit') = 'off' THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; -- after the row lock
     UPDATE {{prefix}}lease AS l
     SET holder = v_next.node_id, instance = v_next.instance, fencing_token = l.fencing_token + 1,
         acquired_at = v_now, renewed_at = v_now, expires_at = v_now + p_grant_ms, endpoint = v_next.endpoint

@@ -100,10 +100,10 @@ BEGIN
     BEGIN
         SELECT a.fencing_token INTO token
         FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}') a;
-        INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status, takes_grants)
+        INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status, listener_pid)
         VALUES (' sqlfence release rehearsal {{scratch}}', ' s', '', '', 0, '', 0,
-                floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active', 1);
-        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', token, 1000);
+                floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active', pg_backend_pid());
+        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', token, 1000, 0);
         PERFORM * FROM {{prefix}}release(' sqlfence release rehearsal {{scratch}}', '', ' s', NULL);
         RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
     EXCEPTION WHEN raise_exception THEN
@@ -137,7 +137,7 @@ RETURNING l.expires_at;
 SELECT instance, successor FROM {{prefix}}release($1, $2, $3, $4);
 
 -- name: hand_over
--- args: name, holder, instance, token, grant ms. A leader's release that
+-- args: name, holder, instance, token, grant ms, hold ms. A leader's release that
 -- hands the lease to a listening successor in the same commit: the
 -- function {{prefix}}hand_over of the schema (schema/postgres.sql), which
 -- releases as the release query does when no member takes grants.
@@ -146,12 +146,13 @@ SELECT instance, successor FROM {{prefix}}release($1, $2, $3, $4);
 -- database clock (NULLs otherwise): one row when a term ended, none
 -- otherwise.
 SELECT instance, successor, fencing_token, holder, endpoint, expires_at, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, $4, $5);
+FROM {{prefix}}hand_over($1, $2, $3, $4, $5, $6);
 
 -- name: take_grants
--- args: scope, instance. The member hears releases by LISTEN and may
--- lead: a release may hand the lease straight to it.
-UPDATE {{prefix}}nodes SET takes_grants = 1 WHERE scope = $1 AND instance = $2 AND status = 'active';
+-- args: scope, instance. Run on the connection on which a member that may
+-- lead LISTENs for releases: a release may hand the lease straight to it
+-- while that connection's server process runs.
+UPDATE {{prefix}}nodes SET listener_pid = pg_backend_pid() WHERE scope = $1 AND instance = $2 AND status = 'active';
 
 -- name: pass
 -- args: name. Sent by the successor a release named when it cannot take
@@ -267,7 +268,7 @@ SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text,
 -- No row updated: node_join adds one.
 UPDATE {{prefix}}nodes AS m
 SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5,
-    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0, takes_grants = 0
+    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0, listener_pid = 0, grants_after = 0
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 WHERE (m.scope, m.instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
