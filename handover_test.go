@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -283,5 +284,56 @@ func TestHandedOverTermTooShortIsReleased(t *testing.T) {
 	waitFor(t, 3*time.Second, "a to lead a term of its own", a.IsLeader)
 	if s := a.Stats(); a.FencingToken() != 8 || s.HandedOver != 0 {
 		t.Fatalf("a leads with token %d, %d terms handed over; want 8 and none", a.FencingToken(), s.HandedOver)
+	}
+}
+
+// A release that hands the lease over waits for its WAL flush, as every
+// grant does, even on a session that commits asynchronously: a successor
+// must never lead on a token a server crash could hand out again. One that
+// only releases (no member to hand it to) does not wait. The test runs the
+// statements in a transaction of its own, where the setting the function
+// made for it can still be read, and rolls it back.
+func TestHandOverCommitsSynchronously(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	a := start(t, tg, "a") // creates the tables
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	for _, c := range []struct {
+		successor bool
+		want      string
+	}{{true, "on"}, {false, "off"}} {
+		tx, err := a.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := func(query string, args ...any) *sql.Row { return tx.QueryRowContext(ctx, query, args...) }
+		if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			t.Fatal(err)
+		}
+		var token int64
+		if err := q("SELECT fencing_token FROM "+tg.Prefix+"acquire('h', 'i', 60000, '', 'sync test')").Scan(&token); err != nil {
+			t.Fatal(err)
+		}
+		if c.successor {
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status, listener_pid) "+
+				"VALUES ('sync test', 's', 'n', 'h', 1, '', 0, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active', pg_backend_pid())"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var granted sql.NullInt64
+		if err := q("SELECT fencing_token FROM "+tg.Prefix+"hand_over('sync test', 'h', 'i', $1, 1000, 0)", token).Scan(&granted); err != nil {
+			t.Fatal(err)
+		}
+		var setting string
+		if err := q("SHOW synchronous_commit").Scan(&setting); err != nil {
+			t.Fatal(err)
+		}
+		tx.Rollback()
+		if granted.Valid != c.successor || setting != c.want {
+			t.Errorf("with a successor %v: granted token %v, synchronous_commit %q; want a grant %v, %q", c.successor, granted, setting, c.successor, c.want)
+		}
 	}
 }
