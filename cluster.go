@@ -58,12 +58,8 @@ type Cluster struct {
 	// the last one found the lease held, and the next comes at the poll
 	// interval, not at the lease's expiry nor on a wake-up.
 	pollNext      bool
-	renewFailures int // consecutive failed renews of the current term
-	// lastToken is the token of the last term this node led: a term the
-	// database shows this instance holding under a greater one was handed
-	// to it, or granted by an attempt whose answer was lost (adopt).
-	lastToken uint64
-	halted    error // why campaigning stopped for good (a detected rollback)
+	renewFailures int   // consecutive failed renews of the current term
+	halted        error // why campaigning stopped for good (a detected rollback)
 
 	// seen is the last term (or free lease) this node observed, for
 	// leader-changed events.
@@ -143,9 +139,9 @@ func (c *Cluster) termMargin() time.Duration {
 }
 
 // newTerm starts the term of lease l, whose attempt started at start.
-func (c *Cluster) newTerm(l Lease, start int64, trust time.Duration) *term {
+func (c *Cluster) newTerm(l Lease, start int64) *term {
 	t := &term{lease: l}
-	t.until.Store(monoAfter(start, trust))
+	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.timer = time.AfterFunc(c.untilMargin(t), func() { c.expire(t) })
 	return t

@@ -232,24 +232,6 @@ type poller interface {
 	poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error)
 }
 
-// A handOverer is a dialect whose release can hand the lease over: in the
-// commit that ends a term it grants the next one to a member that hears
-// releases and may lead (one that called takeGrants on its listening
-// connection), so that the
-// successor need only read the row to lead (lease.go, adopt).
-type handOverer interface {
-	handOver(ctx context.Context, conn Querier, l Lease, grant, hold time.Duration) (handedOver, error)
-	takeGrants(ctx context.Context, conn Querier, scope, instance string) error
-}
-
-// handedOver is what a handOverer's release did: the instance whose term
-// ended, the successor it named or granted ("" for none), and the term
-// granted, or nil.
-type handedOver struct {
-	instance, successor string
-	granted             *row
-}
-
 // warmer is a dialect whose database sessions grant the lease faster once
 // warmed: after a refused acquisition on a cold session, the provider warms
 // it, so that the session's first grant, a handoff, is not also its slowest.

@@ -25,8 +25,6 @@ type postgres struct {
 		Warm          string `sql:"warm"`             // (none)
 		Rehearse      string `sql:"rehearse_release"` // (none)
 		Pass          string `sql:"pass"`             // name
-		HandOver      string `sql:"hand_over"`        // name, holder, instance, token, grant ms, hold ms
-		TakeGrants    string `sql:"take_grants"`      // scope, instance
 		Poll          string `sql:"poll"`             // name, instance
 		pgLaneQueries
 	}
@@ -144,32 +142,6 @@ func (d *postgres) rehearseRelease(ctx context.Context, conn Querier) error {
 	return err
 }
 
-// handOver ends term l and grants the lease to a member that takes
-// grants, for grant (the hand_over query); with none it releases as the
-// release query does. The releasing member takes no grant for hold. It
-// returns sql.ErrNoRows when l held no term.
-func (d *postgres) handOver(ctx context.Context, conn Querier, l Lease, grant, hold time.Duration) (handedOver, error) {
-	var h handedOver
-	var token, expires, now sql.NullInt64
-	var holder, endpoint sql.NullString
-	err := conn.QueryRow(ctx, d.q.HandOver, l.Name, l.Holder, l.Instance, int64(l.FencingToken), grant.Milliseconds(), hold.Milliseconds()).
-		Scan(&h.instance, &h.successor, &token, &holder, &endpoint, &expires, &now)
-	if err != nil || !token.Valid {
-		return h, err
-	}
-	h.granted = &row{holder: holder.String, instance: h.successor, endpoint: endpoint.String,
-		token: token.Int64, expiresAt: expires.Int64, now: now.Int64}
-	return h, nil
-}
-
-// takeGrants records, on conn, the connection on which instance, a member
-// of scope that may lead, LISTENs for releases, that a release may hand it
-// the lease while that connection's server process runs.
-func (d *postgres) takeGrants(ctx context.Context, conn Querier, scope, instance string) error {
-	_, err := conn.Exec(ctx, d.q.TakeGrants, scope, instance)
-	return err
-}
-
 // pass notifies the listeners that lease name is free to try at once.
 func (d *postgres) pass(ctx context.Context, conn Querier, name string) error {
 	_, err := conn.Exec(ctx, d.q.Pass, name)
@@ -203,7 +175,7 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 	case code == "42P01" || code == "42703":
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
 	case code == "42883":
-		return ErrSchema, "a function of the cluster schema is missing (the acquire and release functions came with schema version 4, hand_over with 5); run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
+		return ErrSchema, "a function of the cluster schema is missing (the acquire and release functions came with schema version 4); run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
 	case code == "42501":
 		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (README, What an operator must configure)", ""
 	case code == "42601":

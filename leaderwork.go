@@ -195,7 +195,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 
 	c.waitForWork(ctx, "Resign")
 	c.quiesce(t)
-	handed, err := c.releaseHolding(context.WithoutCancel(ctx), t.lease, c.cfg.ResignHoldOff)
+	err := c.release(context.WithoutCancel(ctx), t.lease)
 	// The hold-off counts from the release: the followers, which try at
 	// least once every 1.2 heartbeats, get there first.
 	c.holdUntil.Store(monoAfter(mono(), c.cfg.ResignHoldOff))
@@ -211,7 +211,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 	}
 	c.emit(EventLeaseReleased, t.lease.FencingToken, reason)
 	if err == nil {
-		c.observeReleased(t.lease.FencingToken, handed)
+		c.observe(observed{token: t.lease.FencingToken, free: true}, "", "")
 	}
 	return err
 }

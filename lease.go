@@ -159,13 +159,12 @@ func (c *Cluster) selfFence(ctx context.Context, t *term) time.Duration {
 	if !c.lose(t, ReasonSelfFenced, nil) {
 		return 0
 	}
-	handed, err := c.releaseHolding(ctx, t.lease, 0)
-	if err != nil {
+	if err := c.release(ctx, t.lease); err != nil {
 		c.log.DebugContext(ctx, "cluster: release after self-fencing failed; the lease expires by itself",
 			"fencing_token", t.lease.FencingToken, "err", err)
 		return c.cfg.HeartbeatInterval
 	}
-	c.observeReleased(t.lease.FencingToken, handed)
+	c.observe(observed{token: t.lease.FencingToken, free: true}, "", "")
 	return 0
 }
 
@@ -219,27 +218,38 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	var held *LeaseHeldError
 	switch {
 	case err == nil:
-		if !c.lead(ctx, l, start, c.cfg.FenceTimeout, false) {
+		// Check the database before reporting leadership: a rolled-back
+		// database must not get a leader that writes on top of it.
+		if err := c.verifyAcquired(ctx, l, start); err != nil {
 			return c.cfg.HeartbeatInterval
 		}
+		t := c.newTerm(l, start)
+		c.mu.Lock()
+		if c.stopped {
+			// Shutdown began meanwhile: give back the term just granted.
+			t.end()
+			c.mu.Unlock()
+			if c.release(ctx, l) != nil {
+				c.setUnsure(true) // Shutdown tries once more
+			}
+			return 0
+		}
+		c.stats.termStart.Store(time.Now().UnixNano())
+		c.stats.acquisitions.Add(1)
+		c.term.Store(t)
+		c.unsure = false
+		c.startWork(t)
+		c.mu.Unlock()
+		c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
+		c.emit(EventLeaseAcquired, l.FencingToken, "")
+		c.observe(observed{token: l.FencingToken}, c.cfg.NodeID, c.cfg.Endpoint)
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 
 	case errors.As(err, &held):
 		if held.Instance == c.instance {
-			if trust, ok := c.adoptable(held); ok {
-				l := Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, Endpoint: held.Endpoint,
-					FencingToken: held.FencingToken, ExpiresAt: held.ExpiresAt}
-				if !c.lead(ctx, l, start, trust, true) {
-					return c.cfg.HeartbeatInterval
-				}
-				if p, ok := c.provider.(*DBProvider); ok {
-					p.announceTaken(c.cfg.LeaseName, l) // the node that handed it over may wait for this
-				}
-				return 0 // renew at once: the term was granted for a short while
-			}
-			// An earlier acquisition committed but its answer was lost, and
-			// too little of its term is left to lead in: end it and
-			// campaign again for a term of our own.
+			// An earlier acquisition committed but its answer was lost. We
+			// cannot know when its term began, so we cannot trust it: end it
+			// and campaign again for a term of our own.
 			if c.release(ctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
 				return 0
 			}
@@ -282,76 +292,6 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	}
 }
 
-// lead makes this node the leader of term l, granted by an attempt that
-// began at start (or found under its name by that attempt: handed),
-// trusting it for trust from start; it reports whether it does. It checks
-// the database first: a rolled-back database must not get a leader that
-// writes on top of it.
-func (c *Cluster) lead(ctx context.Context, l Lease, start int64, trust time.Duration, handed bool) bool {
-	if err := c.verifyAcquired(ctx, l, monoAfter(start, trust)); err != nil {
-		return false
-	}
-	t := c.newTerm(l, start, trust)
-	c.mu.Lock()
-	if c.stopped {
-		// Shutdown began meanwhile: give back the term just granted.
-		t.end()
-		c.mu.Unlock()
-		if c.release(ctx, l) != nil {
-			c.setUnsure(true) // Shutdown tries once more
-		}
-		return false
-	}
-	c.lastToken = l.FencingToken
-	c.stats.termStart.Store(time.Now().UnixNano())
-	c.stats.acquisitions.Add(1)
-	if handed {
-		c.stats.handedOver.Add(1)
-	}
-	c.term.Store(t)
-	c.unsure = false
-	c.startWork(t)
-	c.mu.Unlock()
-	c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
-	c.emit(EventLeaseAcquired, l.FencingToken, "")
-	c.observe(observed{token: l.FencingToken}, c.cfg.NodeID, c.cfg.Endpoint)
-	return true
-}
-
-// adoptable reports whether this node may lead the term held, which an
-// attempt found held by this very instance, and for how long from the
-// attempt's start. That term was handed to it by a release (hand_over,
-// one commit instead of a release and then this node's grant), or granted
-// by an attempt of its own whose answer was lost; either way the node
-// does not know when it began. It knows how long it has left: held's
-// Remaining, by the database clock when the attempt read the row, after
-// the attempt began. So it trusts the term from the attempt's start for
-// that time less the margin LeaseTTL - FenceTimeout that every term keeps
-// for clock-rate drift, at most FenceTimeout, as an acquired term: never
-// past the expiry the database holds. It adopts only a term it never led
-// (a token above its last) and only with at least half a heartbeat of
-// trust, time for the renew that follows at once.
-func (c *Cluster) adoptable(held *LeaseHeldError) (time.Duration, bool) {
-	if held.Holder != c.cfg.NodeID || held.FencingToken <= c.lastToken {
-		return 0, false
-	}
-	trust := min(c.cfg.FenceTimeout, held.Remaining-(c.cfg.LeaseTTL-c.cfg.FenceTimeout))
-	return trust, trust >= c.cfg.HeartbeatInterval/2
-}
-
-// handOverTTL is how long a release by this node grants the lease to the
-// successor it hands it to (hand_over): the margin LeaseTTL -
-// FenceTimeout the successor deducts (adoptable) plus two heartbeats, at
-// most LeaseTTL (which it is at the default timings: a 10s heartbeat).
-// With short heartbeats it is well below the TTL, which bounds how long a
-// successor that is alive but cannot take the term (hung, partitioned
-// away) holds the lease; one whose process died is not chosen (the
-// release checks its listening connection's server process). The
-// successor renews the grant at once.
-func (c *Cluster) handOverTTL() time.Duration {
-	return min(c.cfg.LeaseTTL, c.cfg.LeaseTTL-c.cfg.FenceTimeout+2*c.cfg.HeartbeatInterval)
-}
-
 // pollInterval is how long a follower waits between two attempts, when
 // the lease does not expire sooner: a random 80% to 120% of the
 // heartbeat, one heartbeat on average, and less than the default
@@ -380,14 +320,13 @@ func (c *Cluster) acquireTimeout() time.Duration {
 	return max(c.cfg.HeartbeatInterval, c.cfg.FenceTimeout-c.cfg.FenceTimeout/10)
 }
 
-// verifyAcquired runs the rollback checks for a freshly acquired lease l,
-// by until, the end of its trust window. On failure it releases l; a
-// detected rollback also halts campaigning.
-func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, until int64) error {
+// verifyAcquired runs the rollback checks for a freshly acquired lease l.
+// On failure it releases l; a detected rollback also halts campaigning.
+func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) error {
 	if !c.checksRollback() {
 		return nil
 	}
-	vctx, cancel := context.WithTimeout(ctx, time.Duration(until-mono()))
+	vctx, cancel := context.WithTimeout(ctx, time.Duration(monoAfter(start, c.cfg.FenceTimeout)-mono()))
 	err := c.verifyIntegrity(vctx, l.FencingToken)
 	cancel()
 	if err == nil {
@@ -430,38 +369,9 @@ func (c *Cluster) quiesce(t *term) {
 	c.stepMu.Unlock()
 }
 
-// release expires term l in the store, bounded by one heartbeat. With
-// the default provider it hands the lease over where it can (handOverTTL).
+// release expires term l in the store, bounded by one heartbeat.
 func (c *Cluster) release(ctx context.Context, l Lease) error {
-	_, err := c.releaseHolding(ctx, l, 0)
-	return err
-}
-
-// releaseHolding is release, also returning the term the release handed
-// to another node (nil when it handed none): where the release hands the
-// lease over, this node takes no grant for hold (Resign's hold-off: it
-// would give it back at once).
-func (c *Cluster) releaseHolding(ctx context.Context, l Lease, hold time.Duration) (*Lease, error) {
-	p, ok := c.provider.(*DBProvider)
-	if !ok {
-		return nil, c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
-	}
-	var r released
-	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
-		r, err = p.releaseTerm(rctx, l, c.handOverTTL(), hold)
-		return err
-	})
-	return r.granted, err
-}
-
-// observeReleased reports what this node's release of the term with token
-// left: the term it handed over, or the lease free.
-func (c *Cluster) observeReleased(token uint64, handed *Lease) {
-	if handed != nil {
-		c.observe(observed{token: handed.FencingToken}, handed.Holder, handed.Endpoint)
-		return
-	}
-	c.observe(observed{token: token, free: true}, "", "")
+	return c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
 }
 
 // releaseBy runs release, a release of this node's term, and records it.
@@ -498,15 +408,9 @@ func (c *Cluster) releaseToSuccessor(ctx context.Context, l Lease) (bool, error)
 	}
 	var r released
 	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
-		r, err = p.releaseTerm(rctx, l, c.handOverTTL(), 0)
+		r, err = p.releaseTerm(rctx, l)
 		return err
 	})
-	if r.granted != nil {
-		// Handed over: the successor need only read its term. One in this
-		// process says when it has (announceTaken); of one in another
-		// nothing is heard.
-		return err == nil && r.woke, err
-	}
 	return err == nil && (r.woke || r.successor != "" && c.hearing.Load()), err
 }
 

@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 5
+const SchemaVersion = 4
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -353,9 +353,7 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		// snapshot, MySQL's read after the UPDATE). Try again: the winner
 		// has committed by now, so we learn who leads, or win.
 		if r.expiresAt > r.now || attempt == 2 {
-			// Not when the row names this very instance (a term handed to
-			// it, which it is about to lead): no grant of its follows.
-			if w, ok := p.d.(warmer); ok && r.cold && r.instance != req.Instance && p.mayWarm(ctx) {
+			if w, ok := p.d.(warmer); ok && r.cold && p.mayWarm(ctx) {
 				if err := w.warm(ctx, conn); err != nil {
 					p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
 					p.log.DebugContext(ctx, "cluster: warming the database session for its first grant failed; it grants all the same, a little slower; no warm-up for a while",
@@ -414,13 +412,8 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 // what a release that ends no term never reaches. Best effort, like warm:
 // an error pauses warm-ups for a while and changes nothing else.
 func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
-	var err error
-	if h, ok := p.d.(handOverer); ok {
-		_, err = h.handOver(ctx, conn, Lease{Name: l.Name, Holder: l.Holder, Instance: l.Instance}, time.Second, 0)
-	} else {
-		var instance, successor string
-		err = conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)).Scan(&instance, &successor)
-	}
+	var instance, successor string
+	err := conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)).Scan(&instance, &successor)
 	if r, ok := p.d.(releaseRehearser); ok && (err == nil || errors.Is(err, sql.ErrNoRows)) {
 		err = r.rehearseRelease(ctx, conn)
 	}
@@ -440,40 +433,15 @@ type releaseRehearser interface {
 
 // Release implements [Provider]. It wakes the followers that listen.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	_, err := p.releaseTerm(ctx, l, 0, 0)
+	_, err := p.releaseTerm(ctx, l)
 	return err
 }
 
 // releaseTerm is Release, also reporting the successor the release named
 // among the members the database saw lately (it notified other processes)
-// and whether it woke a node of this process. With grant above zero, on a
-// dialect that can (handOverer), the release hands the lease to a member
-// that takes grants, for grant, in the same commit; the others are told
-// it is taken; and the releasing member takes no grant for hold.
-func (p *DBProvider) releaseTerm(ctx context.Context, l Lease, grant, hold time.Duration) (released, error) {
-	h, ok := p.d.(handOverer)
-	if !ok || grant <= 0 {
-		return p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
-	}
-	conn, release, err := p.conn(ctx)
-	if err != nil {
-		return released{}, err
-	}
-	defer release()
-	r, err := h.handOver(ctx, conn, l, grant, hold)
-	if errors.Is(err, sql.ErrNoRows) {
-		return released{}, nil
-	}
-	if err != nil {
-		return released{}, p.wrap("release lease "+quote(l.Name), err)
-	}
-	if r.granted == nil {
-		woke := p.announce(l.Name, r.instance, r.successor, false)
-		return released{ended: true, successor: r.successor, woke: woke}, nil
-	}
-	g := r.granted.lease(l.Name)
-	woke := p.announceHandOver(l.Name, r.instance, g)
-	return released{ended: true, successor: r.successor, woke: woke, granted: &g}, nil
+// and whether it woke a node of this process.
+func (p *DBProvider) releaseTerm(ctx context.Context, l Lease) (released, error) {
+	return p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 }
 
 // ReleaseInstance implements [InstanceReleaser].
@@ -498,7 +466,6 @@ type released struct {
 	ended     bool   // a term ended (always true where releases do not notify)
 	successor string // the successor the statement named; "" for none, or where releases do not notify
 	woke      bool   // a node of this process was woken
-	granted   *Lease // the term the release handed the successor, or nil
 }
 
 // releaseNamed is release, also returning the successor it named and

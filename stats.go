@@ -104,16 +104,10 @@ type Stats struct {
 	HearingReleases bool
 
 	Acquisitions uint64 // terms this node began
-	// HandedOver counts the Acquisitions this node did not grant itself:
-	// a release handed it the lease in the commit that ended the term
-	// before (PostgreSQL, to a node that hears releases), or an attempt
-	// of its own committed but its answer was lost; it found the term
-	// under its name and led it (lease.go, adoptable).
-	HandedOver  uint64
-	LossesTaken uint64 // terms that ended because another term took the lease (lease-lost, lease-taken)
-	SelfFences  uint64 // terms that ended because no renew succeeded in time (lease-lost, self-fenced)
-	Resigns     uint64 // terms ended by Resign
-	Releases    uint64 // terms released by Shutdown or Resign
+	LossesTaken  uint64 // terms that ended because another term took the lease (lease-lost, lease-taken)
+	SelfFences   uint64 // terms that ended because no renew succeeded in time (lease-lost, self-fenced)
+	Resigns      uint64 // terms ended by Resign
+	Releases     uint64 // terms released by Shutdown or Resign
 
 	// LanesHeld counts the lanes this node believes it owns, as
 	// [Cluster.Lanes] lists them.
@@ -131,7 +125,6 @@ type stats struct {
 	lastContact   atomic.Int64 // mono, 0 when never
 
 	acquisitions, lossesTaken, selfFences, resigns, releases atomic.Uint64
-	handedOver                                               atomic.Uint64
 	laneAcquisitions, laneLosses, laneReleases               atomic.Uint64
 }
 
@@ -145,7 +138,6 @@ func (c *Cluster) Stats() Stats {
 		LastContact:              -1,
 		HearingReleases:          c.hearing.Load(),
 		Acquisitions:             c.stats.acquisitions.Load(),
-		HandedOver:               c.stats.handedOver.Load(),
 		LossesTaken:              c.stats.lossesTaken.Load(),
 		SelfFences:               c.stats.selfFences.Load(),
 		Resigns:                  c.stats.resigns.Load(),

@@ -237,39 +237,6 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 	}
 }
 
-// announceHandOver tells the local watchers of lease name, but the
-// holder's own, that holder's release handed the lease over, granting g:
-// g's node, if it is one of them, is woken at once, to find its term; the
-// others learn of the term as announceTaken tells them, and do not try.
-// It reports whether it woke g's node.
-func (p *DBProvider) announceHandOver(name, holder string, g Lease) (woke bool) {
-	key := p.releaseKey(name)
-	if key == "" {
-		return false
-	}
-	localReleases.Lock()
-	defer localReleases.Unlock()
-	for w := range localReleases.m[key] {
-		switch {
-		case w.instance == holder:
-		case w.instance == g.Instance:
-			w.d.releasedBy(holder)
-			w.d.hear(g.Instance)
-			woke = true
-		default:
-			w.d.releasedBy(holder)
-			w.d.taken(g.Instance)
-			if w.learn != nil {
-				w.learn(g)
-			}
-			if w.taken != nil {
-				w.taken(g.Instance)
-			}
-		}
-	}
-	return woke
-}
-
 // WatchReleases implements [ReleaseWatcher]: releases in this process are
 // heard through memory, and on PostgreSQL, when the Pool is a
 // [ListenPool], releases by other processes through LISTEN on channel
@@ -306,9 +273,6 @@ type watchHooks struct {
 	// listen false hears releases in this process only
 	// (Config.PollOnly), never through LISTEN.
 	listen bool
-	// grants: the node may lead, so a release may hand it the lease while
-	// it listens (handOverer): the listening connection records itself.
-	grants bool
 }
 
 // watchNamed is WatchReleases, telling h.wake whether the release named
@@ -351,9 +315,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		// the lease name, a newline and the successor's instance; then the
 		// name alone, which older nodes act on. The name alone after a
 		// named one is its companion; without one, an older node released.
-		// A grant sends the name, a tab and the new holder's instance; a
-		// release that hands the lease over (hand_over) sends that and a
-		// second tab, which wakes the new holder to find its term.
+		// A grant sends the name, a tab and the new holder's instance.
 		named := false
 		listen := func(ctx context.Context, channel string, ready func(Querier), notify func(string, Querier)) error {
 			return lp.Listen(ctx, channel, func() { ready(nil) }, func(payload string) { notify(payload, nil) })
@@ -372,38 +334,9 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 				}
 				cancel()
 			}
-			if g, ok := p.d.(handOverer); ok && h.grants && conn != nil {
-				// While this connection's server process runs, a release may
-				// hand the lease to this node.
-				gctx, cancel := context.WithTimeout(ctx, time.Second) // a statement cut off costs the connection
-				if err := g.takeGrants(gctx, conn, name, instance); err != nil {
-					p.log.DebugContext(ctx, "cluster: could not record that this node takes the lease handed over; releases name it as before", "err", err)
-				}
-				cancel()
-			}
 			live(true)
 		}, func(payload string, conn Querier) {
 			if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
-				holder, handed := strings.CutSuffix(holder, "\t")
-				if lease == name && handed && holder == instance {
-					// A release handed this node the lease: its attempt finds
-					// the term, on the session that delivered the news.
-					if conn != nil {
-						p.lendListener(ctx, conn, name, instance, func() { hear(instance) })
-					} else {
-						hear(instance)
-					}
-					return
-				}
-				if lease == name && handed && holder != instance {
-					// Handed to another node: a wake still pending would only
-					// be refused. Not a sign that the successor leads (it has
-					// yet to read its term): a node that released in this
-					// process hears that from the successor (announceTaken),
-					// and one that released in another does not wait.
-					d.stop()
-					return
-				}
 				if lease == name && holder != instance {
 					// Granted: a wake still pending would only be refused. No
 					// quiet time, as a grant in this process sets: by LISTEN a
@@ -618,17 +551,16 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 				// refuses.
 				return
 			}
-			// Named, but this node will not try: give back the term a
-			// release handed it, or pass the turn on, so the others need
-			// not wait out successorLead. (The watcher runs until its
-			// goroutine, counted in wg, returns.)
+			// Named, but this node will not try: pass the turn on, so the
+			// others need not wait out successorLead. (The watcher runs
+			// until its goroutine, counted in wg, returns.)
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
 				pctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 				defer cancel()
-				if err := c.giveBack(pctx, nw); err != nil {
-					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later, or when a lease handed to this node expires", "err", err)
+				if err := nw.passRelease(pctx, c.cfg.LeaseName, c.instance); err != nil {
+					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
 				}
 			}()
 		}, learn: func(l Lease) {
@@ -645,7 +577,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			case c.succeeded <- struct{}{}:
 			default:
 			}
-		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly, grants: true})
+		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly})
 	} else {
 		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
@@ -654,29 +586,6 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 		c.log.WarnContext(ctx, "cluster: cannot hear lease releases; polling", "err", err)
 	}
 	c.hearing.Store(false)
-}
-
-// giveBack is what a node that a release named its successor, but that
-// will not lead (it holds off after Resign, is stopping, or stopped
-// campaigning), does: where a release hands the lease over (handOverer),
-// it ends the term the database may show it holding, which the followers
-// hear as any release; otherwise, or when it holds none, it passes the
-// turn on (passRelease). It runs as a heartbeat step does, under stepMu,
-// and only while this node has no term: a term it led would never be
-// released under it.
-func (c *Cluster) giveBack(ctx context.Context, p *DBProvider) error {
-	c.stepMu.Lock()
-	defer c.stepMu.Unlock()
-	if c.term.Load() != nil || c.retiring.Load() != nil {
-		return nil
-	}
-	if _, ok := p.d.(handOverer); ok {
-		ended, err := p.release(ctx, c.cfg.LeaseName, c.instance, p.q.ReleaseInstance, c.cfg.LeaseName, c.cfg.NodeID, c.instance)
-		if err != nil || ended {
-			return err
-		}
-	}
-	return p.passRelease(ctx, c.cfg.LeaseName, c.instance)
 }
 
 // mayTakeOver reports whether this node would try to acquire the lease if

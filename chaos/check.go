@@ -77,7 +77,6 @@ type result struct {
 	Failovers   []time.Duration // from a fault that ended its target's belief to the next belief
 	Handoffs    []time.Duration // the same for resign faults alone
 	Hearing     int             // processes (incarnations) that heard releases at some point (Stats.HearingReleases)
-	HandedOver  int             // terms led because a release handed them over (Stats.HandedOver)
 	LongestGap  string          // the longest interval without a leader, and the faults in force during it
 	MinGap      time.Duration   // the smallest gap between two processes' beliefs
 	Linearized  int             // operations porcupine checked
@@ -257,11 +256,8 @@ func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant,
 				}
 				o.ret, o.outcome, o.what, o.token, o.seq, o.err = r.T, r.Kind, r.What, r.Token, r.Seq, r.Err
 			case kEvent:
-				switch r.What {
-				case eventHearing:
+				if r.What == eventHearing {
 					res.Hearing++
-				case eventHandedOver:
-					res.HandedOver++
 				}
 			case kGrant:
 				grants = append(grants, grant{proc: p, token: r.Token, from: r.From, to: r.To, what: r.What})

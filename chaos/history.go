@@ -39,10 +39,6 @@ const (
 // its Stats show that it hears releases.
 const eventHearing = "hearing-releases"
 
-// eventHandedOver is the What of the kEvent a process records each time it
-// leads a term a release handed it (Stats.HandedOver grew).
-const eventHandedOver = "handed-over"
-
 // A historyWriter appends records to a file, one write(2) per record and no
 // buffering, so a SIGKILL loses at most the record being written.
 type historyWriter struct {

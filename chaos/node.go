@@ -346,7 +346,6 @@ func (n *node) sample(ctx context.Context) {
 	var tok uint64
 	var from, last, flushed int64
 	heard := false
-	var handed uint64
 	end := func() {
 		if tok != 0 && last > from {
 			n.h.add(record{T: n.clk.now(), Kind: kBelief, Token: tok, From: from, To: last})
@@ -354,13 +353,9 @@ func (n *node) sample(ctx context.Context) {
 		tok = 0
 	}
 	for {
-		st := n.c.Stats()
-		if !heard && st.HearingReleases {
+		if !heard && n.c.Stats().HearingReleases {
 			heard = true
 			n.h.add(record{T: n.clk.now(), Kind: kEvent, What: eventHearing})
-		}
-		for ; handed < st.HandedOver; handed++ {
-			n.h.add(record{T: n.clk.now(), Kind: kEvent, What: eventHandedOver})
 		}
 		t0 := n.clk.now()
 		b := n.believes()

@@ -23,7 +23,7 @@ func report(w io.Writer, r *result) {
 		fmt.Fprintf(w, "handoff     %s\n", durations(r.Handoffs, "resigns, to the next leader"))
 	}
 	if r.Stack == stackPgx {
-		fmt.Fprintf(w, "listening   %d processes (incarnations) heard releases; %d terms handed over by a release\n", r.Hearing, r.HandedOver)
+		fmt.Fprintf(w, "listening   %d processes (incarnations) heard releases\n", r.Hearing)
 	}
 	fmt.Fprintf(w, "leaderless  %s\n", gapLine(r.Gaps))
 	if r.LongestGap != "" {
@@ -124,7 +124,6 @@ func markdown(w io.Writer, command string, rs []*result) {
 		}
 		if r.Stack == stackPgx {
 			row("", "processes (incarnations) that heard releases", r.Hearing)
-			row("", "terms handed over by a release (Stats.HandedOver)", r.HandedOver)
 		}
 		row("", "intervals without a leader", gapLine(r.Gaps))
 		if r.LongestGap != "" {

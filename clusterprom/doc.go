@@ -47,7 +47,6 @@
 //	sqlfence_cluster_consecutive_renew_failures       gauge: failed renews since the last successful one
 //	sqlfence_cluster_last_contact_age_seconds         gauge: since the database last answered; absent before it did
 //	sqlfence_cluster_acquisitions_total               counter: terms begun
-//	sqlfence_cluster_handed_over_total                counter: of those, terms found under its name (handed over by a release)
 //	sqlfence_cluster_losses_total{reason}             counter: terms lost, by cluster.Reason: lease-taken, self-fenced
 //	sqlfence_cluster_resigns_total                    counter: terms ended by Resign
 //	sqlfence_cluster_releases_total                   counter: leases released by Shutdown or Resign

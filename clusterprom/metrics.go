@@ -34,7 +34,7 @@ type Metrics struct {
 	opDuration *prometheus.HistogramVec // op: acquire, release, fence
 
 	leader, fencingToken, termStart, lastRenew, renewFailures, lastContact *prometheus.Desc
-	acquisitions, handedOver, losses, resigns, releases                    *prometheus.Desc
+	acquisitions, losses, resigns, releases                                *prometheus.Desc
 	lanesHeld, laneAcquisitions, laneLosses, laneReleases                  *prometheus.Desc
 }
 
@@ -81,7 +81,6 @@ func New(cfg cluster.Config) *Metrics {
 		renewFailures: desc("consecutive_renew_failures", "Failed lease renewals of this node's current term since its last successful one."),
 		lastContact:   desc("last_contact_age_seconds", "Time since the database last answered a lease statement of this node, by the node's monotonic clock; absent before the first answer."),
 		acquisitions:  desc("acquisitions_total", "Terms this node began by acquiring the lease."),
-		handedOver:    desc("handed_over_total", "Of the terms this node began, those it found under its name: a release handed it the lease, or its own grant's answer was lost."),
 		losses:        desc("losses_total", "Terms this node lost without releasing the lease, by reason: lease-taken (another term holds the lease) or self-fenced (no renewal succeeded within FenceTimeout).", "reason"),
 		resigns:       desc("resigns_total", "Terms this node ended by Resign."),
 		releases:      desc("releases_total", "Leases this node released, in Shutdown or Resign."),
@@ -145,7 +144,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.opDuration.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		m.leader, m.fencingToken, m.termStart, m.lastRenew, m.renewFailures, m.lastContact,
-		m.acquisitions, m.handedOver, m.losses, m.resigns, m.releases,
+		m.acquisitions, m.losses, m.resigns, m.releases,
 		m.lanesHeld, m.laneAcquisitions, m.laneLosses, m.laneReleases,
 	} {
 		ch <- d
@@ -183,7 +182,6 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.lastContact, s.LastContact.Seconds())
 	}
 	counter(m.acquisitions, s.Acquisitions)
-	counter(m.handedOver, s.HandedOver)
 	counter(m.losses, s.LossesTaken, string(cluster.ReasonLeaseTaken))
 	counter(m.losses, s.SelfFences, string(cluster.ReasonSelfFenced))
 	counter(m.resigns, s.Resigns)

@@ -25,7 +25,6 @@ var statsMetrics = []string{
 	"sqlfence_cluster_consecutive_renew_failures",
 	"sqlfence_cluster_last_contact_age_seconds",
 	"sqlfence_cluster_acquisitions_total",
-	"sqlfence_cluster_handed_over_total",
 	"sqlfence_cluster_losses_total",
 	"sqlfence_cluster_resigns_total",
 	"sqlfence_cluster_releases_total",

@@ -79,13 +79,12 @@ $warm$;
 -- release that ends no term fires no trigger and sends no NOTIFY, and a
 -- session's first real release still cost about 0.13 ms more than a later
 -- one (bench/pgbench/firstrelease.sh); a leader releases once in its
--- process's life, at Shutdown, so its followers always paid that. Here,
--- inside a subtransaction that is rolled back, the acquire function
--- grants a scratch lease, hand_over hands it to a scratch member that
--- takes grants, and release ends that member's term: the triggers a
--- release and its grant fire are compiled, its NOTIFY and successor paths
--- run, and nothing is left, no real lease's token moves, nothing is sent
--- (a NOTIFY of a subtransaction rolled back never is). The scratch name begins with a
+-- process's life, at Shutdown, so its followers always paid that. Here
+-- the acquire and release functions grant and release a scratch lease
+-- inside a subtransaction that is rolled back: the triggers a release
+-- fires are compiled, its NOTIFY and successor paths run, and nothing is
+-- left, no real lease's token moves, nothing is sent (a NOTIFY of a
+-- subtransaction rolled back never is). The scratch name begins with a
 -- space, which no Config.LeaseName may, and ends with {{scratch}}, the
 -- provider's own random hex digits, as the warm query's does. One
 -- statement, committed without waiting for a WAL flush. Only its own
@@ -93,18 +92,11 @@ $warm$;
 -- statement, which the leader logs (at debug) and which pauses its
 -- warm-ups for a while, and which a test can see.
 DO $rehearse$
-DECLARE
-    token BIGINT;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     BEGIN
-        SELECT a.fencing_token INTO token
-        FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}') a;
-        INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status, listener_pid)
-        VALUES (' sqlfence release rehearsal {{scratch}}', ' s', '', '', 0, '', 0,
-                floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active', pg_backend_pid());
-        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', token, 1000, 0);
-        PERFORM * FROM {{prefix}}release(' sqlfence release rehearsal {{scratch}}', '', ' s', NULL);
+        PERFORM * FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}');
+        PERFORM * FROM {{prefix}}release(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL);
         RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
     EXCEPTION WHEN raise_exception THEN
         NULL;
@@ -135,24 +127,6 @@ RETURNING l.expires_at;
 -- and the successor ('' for none): one row when a term ended, none
 -- otherwise.
 SELECT instance, successor FROM {{prefix}}release($1, $2, $3, $4);
-
--- name: hand_over
--- args: name, holder, instance, token, grant ms, hold ms. A leader's release that
--- hands the lease to a listening successor in the same commit: the
--- function {{prefix}}hand_over of the schema (schema/postgres.sql), which
--- releases as the release query does when no member takes grants.
--- Returns the instance that held the term, the successor, and for a
--- grant the new term's token, holder, endpoint and expiry and the
--- database clock (NULLs otherwise): one row when a term ended, none
--- otherwise.
-SELECT instance, successor, fencing_token, holder, endpoint, expires_at, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, $4, $5, $6);
-
--- name: take_grants
--- args: scope, instance. Run on the connection on which a member that may
--- lead LISTENs for releases: a release may hand the lease straight to it
--- while that connection's server process runs.
-UPDATE {{prefix}}nodes SET listener_pid = pg_backend_pid() WHERE scope = $1 AND instance = $2 AND status = 'active';
 
 -- name: pass
 -- args: name. Sent by the successor a release named when it cannot take
@@ -268,7 +242,7 @@ SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text,
 -- No row updated: node_join adds one.
 UPDATE {{prefix}}nodes AS m
 SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5,
-    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0, listener_pid = 0, grants_after = 0
+    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 WHERE (m.scope, m.instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
@@ -296,23 +270,9 @@ WHERE scope = $1 AND instance = $2;
 SELECT 1 FROM {{prefix}}nodes WHERE scope = $1 AND instance = $2;
 
 -- name: node_leave
--- args: scope, instance. Also ends, and tells the listeners of, a term
--- the instance holds: one a release handed it (hand_over) while it was
--- stopping, which it would otherwise hold until the grant expired. Its
--- own term, if it led, ended before (Shutdown releases it first).
-WITH clock AS (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-), freed AS (
-    UPDATE {{prefix}}lease AS l
-    SET renewed_at = c.now_ms, expires_at = c.now_ms
-    FROM clock c
-    WHERE l.name = $1 AND l.instance = $2 AND l.expires_at > c.now_ms
-    RETURNING l.name
-), told AS (
-    SELECT count(pg_notify('{{prefix}}lease', f.name)) AS n FROM freed f
-)
-UPDATE {{prefix}}nodes SET last_seen = (SELECT now_ms FROM clock), status = 'left'
-WHERE scope = $1 AND instance = $2 AND (SELECT n FROM told) >= 0;
+-- args: scope, instance.
+UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left'
+WHERE scope = $1 AND instance = $2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
