@@ -236,10 +236,18 @@ func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 			// succeeded; on a loaded machine that attempt may time out, and
 			// the next one, a heartbeat later, leads.
 			waitFor(t, time.Second, "a lone node to lead", c.IsLeader)
-			if err := c.Shutdown(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			err = c.Shutdown(context.Background())
 			evs := log.all()
+			if err != nil {
+				// A release that outlasted its bound (one heartbeat, 100ms
+				// here) during a stall of the database (seen once on MariaDB
+				// in CI) is not what this test is about; anything else is.
+				if n := len(evs); n == 0 || evs[n-1].Kind != cluster.EventLeaseReleased || evs[n-1].Reason != cluster.ReasonReleaseFailed {
+					t.Fatal(err)
+				}
+				t.Logf("run %d: %v; waiting out the lease", i, err)
+				time.Sleep(testdb.LeaseTTL)
+			}
 			if len(evs) == 0 || evs[0].Kind != cluster.EventLeaseAcquired || evs[0].FencingToken <= last {
 				t.Fatalf("run %d: the Config handler saw %+v first, want lease-acquired with a token above %d", i, evs, last)
 			}
