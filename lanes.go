@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -507,18 +506,12 @@ func (c *Cluster) keep(ctx context.Context, kick <-chan struct{}) {
 
 // rejoin records this node's membership again, for the keeper.
 func (c *Cluster) rejoin(ctx context.Context) {
-	host, _ := os.Hostname()
-	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
-	jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
-	defer cancel()
-	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
+	if err := c.recordMembership(ctx, c.keeperTimeout()); err != nil {
 		if ctx.Err() == nil {
 			c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; it does not count in the lanes' fair share yet", "err", err)
 		}
 		return
 	}
-	c.joined.Store(true)
-	c.joins.Add(1)
 	c.log.InfoContext(ctx, "cluster: recorded this node's membership again")
 }
 

@@ -57,18 +57,29 @@ func (c *Cluster) join(ctx context.Context) bool {
 	if c.members == nil {
 		return false
 	}
-	host, _ := os.Hostname()
-	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
-	jctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	defer cancel()
-	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
+	if err := c.recordMembership(ctx, c.cfg.HeartbeatInterval); err != nil {
 		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members will not list it", "err", err)
 		return false
 	}
-	c.joined.Store(true)
-	c.joins.Add(1)
 	c.rowChecked.Store(mono())
 	return true
+}
+
+// recordMembership records this node as an active member, bounded by
+// timeout; on success it marks the row joined and counts the join (the
+// lanes' keeper takes lanes again after a join it has not counted). It is
+// join's, and the keeper's rejoin's, one statement.
+func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) error {
+	host, _ := os.Hostname()
+	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
+	jctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {
+		return err
+	}
+	c.joined.Store(true)
+	c.joins.Add(1)
+	return nil
 }
 
 // refreshMembership refreshes this node's membership every few heartbeats;
