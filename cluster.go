@@ -76,12 +76,12 @@ type Cluster struct {
 	heardSuccessor atomic.Bool
 	hearing        atomic.Bool   // releases by other processes are heard (LISTEN)
 	heartbeating   atomic.Bool   // the heartbeat (or a follower's watch) runs
-	joined         atomic.Bool   // this node's membership row is active
+	joined         atomic.Bool   // this node's membership row was recorded and the node has not left
 	joins          atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
 	haltedFlag     atomic.Bool   // halted is set; readable from any goroutine
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
-	joinAgain      atomic.Bool   // a join after the row was taken over failed: join again at the next refresh (members.go)
+	mustJoin       atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -288,7 +288,9 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	if err := c.verifyIntegrity(ctx, 0); err != nil {
 		return fail(err)
 	}
-	c.join(ctx)
+	if !c.join(ctx) {
+		c.mustJoin.Store(true) // a later heartbeat joins
+	}
 	if cfg.Role == RoleLeader {
 		first := c.step(ctx)
 		if c.halted != nil {

@@ -387,6 +387,38 @@ func liveMember(t *testing.T, c *cluster.Cluster, id string) bool {
 	return false
 }
 
+// A node whose membership could not be recorded at Init (the join timed
+// out on a busy database, say) joins at a later heartbeat, and from then
+// on is listed, whether or not it takes lanes (the lanes' keeper joined
+// again; nothing else did): a candidate and a follower alike.
+func TestMembershipJoinedAfterFailedJoinAtInit(t *testing.T) {
+	const membershipSteps = 3 // membershipEvery
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		a := start(t, tg, "a")
+		for _, c := range []struct {
+			id   string
+			role cluster.Role
+		}{{"candidate", cluster.RoleLeader}, {"follower", cluster.RoleFollower}} {
+			db := tg.Open(t)
+			p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			failing := &joinFailsOnce{DBProvider: p}
+			startOn(t, tg, db, c.id, func(cfg *cluster.Config) {
+				cfg.Provider, cfg.Role = failing, c.role
+			})
+			if !failing.failed.Load() {
+				t.Fatalf("%s: Init did not try to join", c.id)
+			}
+			// A follower that hears releases steps once per LeaseTTL, and
+			// joins at every third step.
+			waitFor(t, 4*membershipSteps*testdb.LeaseTTL, c.id+" to be listed as a live member", func() bool { return liveMember(t, a.Cluster, c.id) })
+		}
+	})
+}
+
 // A candidate whose membership row was taken over while it went unseen
 // joins again, the leader and a follower alike: on MySQL and SQLite at
 // its next refresh, on PostgreSQL, whose lease statements refresh the row

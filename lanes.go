@@ -504,17 +504,6 @@ func (c *Cluster) keep(ctx context.Context, kick <-chan struct{}) {
 	}
 }
 
-// rejoin records this node's membership again, for the keeper.
-func (c *Cluster) rejoin(ctx context.Context) {
-	if err := c.recordMembership(ctx, c.keeperTimeout()); err != nil {
-		if ctx.Err() == nil {
-			c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; it does not count in the lanes' fair share yet", "err", err)
-		}
-		return
-	}
-	c.log.InfoContext(ctx, "cluster: recorded this node's membership again")
-}
-
 // keeperTimeout bounds a keeper statement: it may wait for its turn (a
 // row or SQLite's write lock held by a transaction) as long as this
 // node's belief in the lanes it renews can outlast a heartbeat, and the
@@ -545,16 +534,17 @@ func (c *Cluster) keeperResult(ctx context.Context, what string, err error) {
 // refreshes what OwnsLane reads, and hands over the lanes above this
 // node's share. It reports whether it also read the config version.
 func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
-	if c.members != nil && !c.joined.Load() {
+	if c.members != nil && c.mustJoin.Load() {
 		// The fair share counts members: a node whose membership row is
-		// missing (its join at start failed) would never get a lane while
-		// the others hold them. Join again.
-		c.rejoin(ctx)
+		// missing (its join at Init failed, or the row was taken over)
+		// would never get a lane while the others hold them. Join again,
+		// at the keeper's pace, as the heartbeat does at its own.
+		c.joinAgain(ctx, c.keeperTimeout())
 	}
-	// A membership row joined again (its old one taken over: rejoin here,
-	// or join on the heartbeat goroutine) does not take lanes yet.
+	// A membership row joined again (its old one taken over: here or on
+	// the heartbeat goroutine) does not take lanes yet.
 	joins := c.joins.Load()
-	if (!c.lanes.joined || c.lanes.joins != joins) && (c.members == nil || c.joined.Load()) {
+	if (!c.lanes.joined || c.lanes.joins != joins) && (c.members == nil || c.member()) {
 		jctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		if err := store.JoinLanes(jctx, c.cfg.LeaseName, c.instance); err == nil {
 			c.lanes.joined, c.lanes.joins = true, joins
@@ -563,7 +553,7 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		}
 		cancel()
 	}
-	if c.members != nil && c.joined.Load() && !c.members.SeenByLease() {
+	if c.members != nil && c.member() && !c.members.SeenByLease() {
 		// Where the lease statements do not refresh membership, the keeper
 		// does, every heartbeat: the fair share counts a member as live
 		// only while it was seen within the lane window.
@@ -571,10 +561,8 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
 		switch {
 		case errors.Is(err, errNotMember):
-			// The next heartbeat joins again (refreshLanes), and then
-			// the lanes.
-			c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
-			c.joined.Store(false)
+			// The next keeper heartbeat joins again, and then the lanes.
+			c.rowTakenOver(ctx, err)
 		case err != nil && ctx.Err() == nil:
 			c.log.DebugContext(ctx, "cluster: membership refresh for lanes failed", "err", err)
 		}

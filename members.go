@@ -58,7 +58,7 @@ func (c *Cluster) join(ctx context.Context) bool {
 		return false
 	}
 	if err := c.recordMembership(ctx, c.cfg.HeartbeatInterval); err != nil {
-		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members will not list it", "err", err)
+		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members does not list it until a join at a later heartbeat succeeds", "err", err)
 		return false
 	}
 	c.rowChecked.Store(mono())
@@ -68,7 +68,7 @@ func (c *Cluster) join(ctx context.Context) bool {
 // recordMembership records this node as an active member, bounded by
 // timeout; on success it marks the row joined and counts the join (the
 // lanes' keeper takes lanes again after a join it has not counted). It is
-// join's, and the keeper's rejoin's, one statement.
+// join's, and joinAgain's, one statement.
 func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) error {
 	host, _ := os.Hostname()
 	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
@@ -82,23 +82,50 @@ func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) e
 	return nil
 }
 
+// member reports whether this node's membership row is recorded, as far
+// as this node knows: it joined, has not left, and no join is due.
+func (c *Cluster) member() bool {
+	return c.joined.Load() && !c.mustJoin.Load()
+}
+
+// joinAgain is a join when one is due (mustJoin): the join at Init failed,
+// a refresh found the row taken over while this node went unseen, or an
+// earlier joinAgain failed. On success it clears mustJoin. A failure is
+// logged at Debug (the first, at Init or when the row was found taken
+// over, was logged louder) and left for the next heartbeat. A join that
+// failed may have committed (its answer lost): joining again then updates
+// the row, and counts, so the lanes' keeper takes lanes again. The
+// heartbeat goroutine and the keeper both call it; two joins at once
+// record the same row.
+func (c *Cluster) joinAgain(ctx context.Context, timeout time.Duration) {
+	if err := c.recordMembership(ctx, timeout); err != nil {
+		if ctx.Err() == nil {
+			c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; Members does not list it and it does not count in the lanes' fair share yet", "err", err)
+		}
+		return
+	}
+	c.mustJoin.Store(false)
+	c.rowChecked.Store(mono())
+	c.log.InfoContext(ctx, "cluster: recorded this node's membership")
+}
+
 // refreshMembership refreshes this node's membership every few heartbeats;
 // candidate is true for a node whose lease statements may refresh it
 // already: then it only checks, every rowCheckEvery, that the row is
-// still there.
+// still there. When a join is due (mustJoin) it joins instead, every few
+// heartbeats until one succeeds (a follower on a read-only replica, whose
+// joins always fail, sends one every few heartbeats).
 func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
-	if c.members == nil || !c.joined.Load() {
+	if c.members == nil {
 		return
 	}
-	if c.joinAgain.Load() {
-		// A join again failed, yet it may have committed (its answer
-		// lost): then no refresh finds the row missing, and the lanes'
-		// keeper, which takes lanes again only after a join it counted,
-		// would leave this node out of their fair share. Join until one
-		// is counted (a second join of a row updates it).
-		if c.join(ctx) {
-			c.joinAgain.Store(false)
+	if c.mustJoin.Load() {
+		if c.steps++; c.steps%membershipEvery == 0 {
+			c.joinAgain(ctx, c.cfg.HeartbeatInterval)
 		}
+		return
+	}
+	if !c.joined.Load() {
 		return
 	}
 	if candidate && c.members.SeenByLease() {
@@ -115,13 +142,18 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
 	switch {
 	case errors.Is(err, errNotMember):
-		c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
-		if !c.join(ctx) {
-			c.joinAgain.Store(true)
-		}
+		c.rowTakenOver(ctx, err)
+		c.joinAgain(ctx, c.cfg.HeartbeatInterval)
 	case err != nil:
 		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 	}
+}
+
+// rowTakenOver records that a refresh found this node's membership row
+// taken over (err): a join is due.
+func (c *Cluster) rowTakenOver(ctx context.Context, err error) {
+	c.log.InfoContext(ctx, "cluster: this node's membership row was taken over while it went unseen; joining again", "err", err)
+	c.mustJoin.Store(true)
 }
 
 // leave marks this node as left, on Shutdown.
