@@ -46,6 +46,7 @@ func compare(ctx context.Context, args []string) error {
 	heartbeat := fs.Duration("heartbeat", 200*time.Millisecond, "HeartbeatInterval and client-go's RetryPeriod")
 	release := fs.String("release", string(releaseShutdown), "how this package's leader releases in a handoff: shutdown or resign")
 	pgHandoff := fs.String("pg-handoff", pgHandoffPoll, "PostgreSQL handoff mode: poll, or notify (see handoffmode.go)")
+	block := fs.Int("block", 5, "trials each system runs in turn before the next takes over, the order shuffled every round, so that a change in the machine's speed during the run falls on every system alike (0: each system's trials in one go, one system after another); not for parallel takeovers")
 	takeoverParallel := fs.Bool("takeover-parallel", true, "run the systems' takeover trials at the same time (each waits out a TTL; the machine is idle meanwhile)")
 	count := fs.Int("count", 5, "repetitions of each IsLeader benchmark (the median is reported)")
 	rounds := fs.Int("rounds", 15, "rounds of the fenced-transaction comparison")
@@ -111,9 +112,9 @@ func compare(ctx context.Context, args []string) error {
 		case "isleader":
 			err = r.isLeader(ctx, *count)
 		case "handoff":
-			err = r.trials(ctx, handoff, strings.Split(*systems, ","), *trials, false)
+			err = r.trials(ctx, handoff, strings.Split(*systems, ","), *trials, *block, false)
 		case "takeover":
-			err = r.trials(ctx, takeover, strings.Split(*systems, ","), *trials, *takeoverParallel)
+			err = r.trials(ctx, takeover, strings.Split(*systems, ","), *trials, *block, *takeoverParallel)
 		case "fence":
 			err = r.fence(ctx, strings.Split(*fenceSystems, ","), *rounds, *round)
 		default:
@@ -205,35 +206,85 @@ type systemTrials struct {
 	Trials      []trial  `json:"trials"`
 }
 
-func (r *compareRun) trials(ctx context.Context, kind trialKind, names []string, n int, parallel bool) error {
+// trials runs n trials of kind on each of the named systems. In parallel
+// the systems run at the same time (the takeover trials, which wait out a
+// TTL). Otherwise they take turns, block trials each, in a new order every
+// round: each system runs alone, its members started afresh for each of
+// its blocks, and a change in the machine's speed during the run (a
+// virtual machine's neighbours; measured here to halve or double a p50
+// within twenty seconds) falls on every system alike rather than on
+// whichever ran then. block 0 runs each system's trials in one go, one
+// system after another.
+func (r *compareRun) trials(ctx context.Context, kind trialKind, names []string, n, block int, parallel bool) error {
 	results := make([]systemTrials, len(names))
-	run := func(i int, name string) error {
-		sys, err := r.newSystem(name, kind)
+	machines := make([]machine, len(names))
+	rngs := make([]*rand.Rand, len(names))
+	for i := range names {
+		machines[i] = newMachine()
+		rngs[i] = rand.New(rand.NewPCG(r.rng.Uint64(), uint64(i)))
+	}
+	// run runs count more trials of system i, on members started for them.
+	run := func(i, count int) error {
+		sys, err := r.newSystem(names[i], kind)
 		if err != nil {
 			return err
 		}
 		defer sys.close(context.WithoutCancel(ctx))
-		m := newMachine()
 		for slot := range sys.size() {
 			if err := sys.start(ctx, slot); err != nil {
 				return fmt.Errorf("%s: start member %d: %w", sys.name(), slot, err)
 			}
 		}
 		ts, err := runTrials(ctx, sys, kind, trialOptions{
-			trials: n,
+			trials: count,
 			retry:  r.tm.heartbeat,
 			settle: 3 * r.tm.heartbeat,
 			limit:  3 * r.tm.ttl,
-			rng:    rand.New(rand.NewPCG(r.rng.Uint64(), uint64(i))),
+			rng:    rngs[i],
 			log:    r.logf,
 		})
 		if err != nil {
 			return err
 		}
-		m.done()
-		st := systemTrials{System: sys.name(), Machine: m, TTLMs: ms(r.tm.ttl), HeartbeatMs: ms(r.tm.heartbeat), Trials: ts}
+		st := &results[i]
+		st.System, st.Trials = sys.name(), append(st.Trials, ts...)
+		if _, ok := sys.(*sqlfenceSystem); ok && kind == handoff {
+			st.Release = string(r.mode)
+		}
+		return nil
+	}
+	var err error
+	switch {
+	case parallel:
+		errs := make([]error, len(names))
+		var wg sync.WaitGroup
+		for i := range names {
+			wg.Go(func() { errs[i] = run(i, n) })
+		}
+		wg.Wait()
+		err = errors.Join(errs...)
+	case block <= 0 || block >= n || len(names) == 1:
+		for i := range names {
+			if err = run(i, n); err != nil {
+				break
+			}
+		}
+	default:
+		for _, turn := range turns(len(names), n, block, r.rng) {
+			if err = run(turn.system, turn.trials); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	for i := range results {
+		machines[i].done()
+		st := &results[i]
+		st.Machine, st.TTLMs, st.HeartbeatMs = machines[i], ms(r.tm.ttl), ms(r.tm.heartbeat)
 		var durs, over []float64
-		for _, t := range ts {
+		for _, t := range st.Trials {
 			durs = append(durs, t.Ms)
 			if t.OvershootMs != nil {
 				over = append(over, *t.OvershootMs)
@@ -244,33 +295,30 @@ func (r *compareRun) trials(ctx context.Context, kind trialKind, names []string,
 			s := summarize(over)
 			st.Overshoot = &s
 		}
-		if _, ok := sys.(*sqlfenceSystem); ok && kind == handoff {
-			st.Release = string(r.mode)
-		}
-		results[i] = st
-		return nil
-	}
-	var err error
-	if parallel {
-		errs := make([]error, len(names))
-		var wg sync.WaitGroup
-		for i, name := range names {
-			wg.Go(func() { errs[i] = run(i, name) })
-		}
-		wg.Wait()
-		err = errors.Join(errs...)
-	} else {
-		for i, name := range names {
-			if err = run(i, name); err != nil {
-				break
-			}
-		}
-	}
-	if err != nil {
-		return err
 	}
 	printTrials(kind, results)
 	return r.mergeTrials(kind, results)
+}
+
+// A turn is one system's block of trials.
+type turn struct{ system, trials int }
+
+// turns is the order in which systems systems take turns at n trials each,
+// block at a time (the last block of each the remainder): rounds in which
+// every system has one turn, in an order shuffled by rng every round.
+func turns(systems, n, block int, rng *rand.Rand) []turn {
+	var out []turn
+	order := make([]int, systems)
+	for i := range order {
+		order[i] = i
+	}
+	for done := 0; done < n; done += block {
+		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		for _, i := range order {
+			out = append(out, turn{system: i, trials: min(block, n-done)})
+		}
+	}
+	return out
 }
 
 func printTrials(kind trialKind, rs []systemTrials) {

@@ -396,7 +396,11 @@ func (s *sqlfenceSystem) release(ctx context.Context, slot int) (bool, error) {
 		if m == nil {
 			return false, errEmptySlot
 		}
-		return false, m.c.Resign(ctx)
+		who := s.label + "-" + strconv.Itoa(slot)
+		traceAt(time.Now(), who, "resign call start")
+		err := m.c.Resign(ctx)
+		traceAt(time.Now(), who, "resign call end")
+		return false, err
 	}
 	m := s.take(slot)
 	if m == nil {
