@@ -532,16 +532,18 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	// server process, which would compete with the release for the
 	// database's CPU.
 	var err error
-	late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
-	if t != nil {
-		c.quiesce(t)
-	} else {
-		// An attempt in flight: one that is granted gives the term back
-		// itself, on its connection, as Shutdown has begun (campaign).
+	if !c.stepMu.TryLock() { // a step in flight: a timer only then
+		late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
 		c.stepMu.Lock()
-		c.stepMu.Unlock()
+		late.Stop()
 	}
-	late.Stop()
+	// As quiesce. Without a term, an attempt that was in flight and
+	// granted has given the term back itself, on its connection, as
+	// Shutdown had begun (campaign).
+	if t != nil {
+		t.releasing = true
+	}
+	c.stepMu.Unlock()
 	c.cancel()
 	if t != nil {
 		var expect bool
