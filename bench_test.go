@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -202,6 +203,53 @@ func BenchmarkFence(b *testing.B) {
 					}
 				})
 			}
+		})
+	}
+}
+
+// BenchmarkReleaseCall measures how long Shutdown and Resign take, on a
+// leader with nothing in flight, to reach the provider's Release: the
+// part of a handoff that is this package's own code (an in-memory
+// provider, so no database). Each iteration starts a leader (untimed)
+// and releases it; the metric "µs-to-release" is the mean from the call
+// to Release being called. See BENCHMARKS.md ("Systems taking turns").
+func BenchmarkReleaseCall(b *testing.B) {
+	for _, mode := range []string{"Shutdown", "Resign"} {
+		b.Run(mode, func(b *testing.B) {
+			var total time.Duration
+			for range b.N {
+				b.StopTimer()
+				var at time.Time
+				p := &fakeProvider{ReleaseFunc: func(context.Context, cluster.Lease) error {
+					at = time.Now()
+					return nil
+				}}
+				c, err := cluster.New(context.Background(), cluster.Config{
+					NodeID: "a", Provider: p, LeaseTTL: testdb.LeaseTTL, HeartbeatInterval: testdb.Heartbeat,
+					FenceTimeout: testdb.FenceTimeout, Logger: slog.New(slog.DiscardHandler),
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for !c.IsLeader() {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(5 * time.Millisecond) // past the first renew
+				b.StartTimer()
+				start := time.Now()
+				if mode == "Resign" {
+					err = c.Resign(context.Background())
+				} else {
+					err = c.Shutdown(context.Background())
+				}
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += at.Sub(start)
+				c.Shutdown(context.Background())
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs-to-release")
 		})
 	}
 }
