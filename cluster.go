@@ -82,6 +82,7 @@ type Cluster struct {
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
 	mustJoin       atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
+	joining        atomic.Bool   // a join for mustJoin runs (one at a time)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -288,8 +289,10 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	if err := c.verifyIntegrity(ctx, 0); err != nil {
 		return fail(err)
 	}
-	if !c.join(ctx) {
-		c.mustJoin.Store(true) // a later heartbeat joins
+	if c.members != nil {
+		if err := c.join(ctx); err != nil && !errors.Is(err, ErrReadOnly) {
+			c.mustJoin.Store(true) // a later heartbeat joins
+		}
 	}
 	if cfg.Role == RoleLeader {
 		first := c.step(ctx)
@@ -532,18 +535,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	// server process, which would compete with the release for the
 	// database's CPU.
 	var err error
-	if !c.stepMu.TryLock() { // a step in flight: a timer only then
-		late := time.AfterFunc(stepGrace(c.cfg.HeartbeatInterval), c.cancel)
-		c.stepMu.Lock()
-		late.Stop()
-	}
-	// As quiesce. Without a term, an attempt that was in flight and
-	// granted has given the term back itself, on its connection, as
-	// Shutdown had begun (campaign).
-	if t != nil {
-		t.releasing = true
-	}
-	c.stepMu.Unlock()
+	c.quiesce(t, stepGrace(c.cfg.HeartbeatInterval))
 	c.cancel()
 	if t != nil {
 		var expect bool

@@ -263,10 +263,10 @@ func (d *dispatcher) run() {
 func (d *dispatcher) call(h func(Event), e Event) {
 	d.calling.Store(true)
 	defer func() {
-		d.calling.Store(false)
 		if r := recover(); r != nil {
 			d.log.Error("cluster: transition handler panicked", "node_id", e.NodeID, "event", string(e.Kind), "fencing_token", e.FencingToken, "panic", r)
 		}
+		d.calling.Store(false) // after the log, whose handler is the application's
 	}()
 	h(e)
 }

@@ -419,6 +419,83 @@ func TestMembershipJoinedAfterFailedJoinAtInit(t *testing.T) {
 	})
 }
 
+// A node whose joins commit but whose answers are lost, until it shuts
+// down, is marked left all the same: its row is there though it never
+// learnt so (Shutdown leaves while a join is due).
+func TestShutdownLeavesWhileJoinDue(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		a := start(t, tg, "a")
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lossy := &lossyJoins{DBProvider: p}
+		lossy.lose.Store(1 << 30)
+		f := startOn(t, tg, db, "f", func(c *cluster.Config) { c.Provider, c.Role = lossy, cluster.RoleFollower })
+		waitFor(t, 50*testdb.Heartbeat, "f to join again", func() bool { return lossy.lose.Load() < 1<<30-1 })
+		if err := f.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := a.Members(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.NodeID == "f" && (m.Status != "left" || m.Live) {
+				t.Fatalf("f after Shutdown: %+v; want status left, not live", m)
+			}
+		}
+	})
+}
+
+// slowJoins fails the first join at once and makes every later one last
+// until its deadline: a database too busy for membership writes.
+type slowJoins struct {
+	*cluster.DBProvider
+	n atomic.Int32
+}
+
+func (p *slowJoins) Join(ctx context.Context, scope string, m cluster.Member) error {
+	if p.n.Add(1) == 1 {
+		return errors.New("join the cluster: context deadline exceeded")
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A join due after a failed one never delays the heartbeat: at the
+// default ratio of timings (FenceTimeout two heartbeats) a join that ran
+// to its bound of one heartbeat before each renew would start the renew
+// when the leader's trust ran out, and the leader would lose its lease.
+func TestJoinAgainDoesNotDelayRenew(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joins := &slowJoins{DBProvider: p}
+		a := startOn(t, tg, db, "a", func(c *cluster.Config) {
+			c.Provider = joins
+			// The defaults' ratio: a heartbeat of LeaseTTL/3, FenceTimeout
+			// LeaseTTL minus a heartbeat.
+			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = time.Second, 0, 0
+		})
+		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+		time.Sleep(8 * time.Second / 3)
+		if joins.n.Load() < 3 {
+			t.Fatalf("%d joins in eight heartbeats; want the failed one and later ones", joins.n.Load())
+		}
+		if st := a.Stats(); st.SelfFences != 0 || st.Acquisitions != 1 || !a.IsLeader() {
+			t.Fatalf("a after eight heartbeats of slow joins: %d self-fences, %d acquisitions, leads %v; want 0, 1, true",
+				st.SelfFences, st.Acquisitions, a.IsLeader())
+		}
+	})
+}
+
 // A candidate whose membership row was taken over while it went unseen
 // joins again, the leader and a follower alike: on MySQL and SQLite at
 // its next refresh, on PostgreSQL, whose lease statements refresh the row

@@ -539,7 +539,7 @@ func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
 		// missing (its join at Init failed, or the row was taken over)
 		// would never get a lane while the others hold them. Join again,
 		// at the keeper's pace, as the heartbeat does at its own.
-		c.joinAgain(ctx, c.keeperTimeout())
+		c.joinNow(ctx, c.keeperTimeout())
 	}
 	// A membership row joined again (its old one taken over: here or on
 	// the heartbeat goroutine) does not take lanes yet.

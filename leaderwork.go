@@ -194,7 +194,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 	c.mu.Unlock()
 
 	c.waitForWork(ctx, "Resign")
-	c.quiesce(t)
+	c.quiesce(t, 0)
 	err := c.release(context.WithoutCancel(ctx), t.lease)
 	// The hold-off counts from the release: the followers, which try at
 	// least once every 1.2 heartbeats, get there first.

@@ -362,10 +362,22 @@ func stepGrace(heartbeat time.Duration) time.Duration {
 // unexpired after the release committed, and extend the released lease
 // (PostgreSQL and MySQL re-check an UPDATE's condition on the row version
 // they waited for, not their clock): the followers the release woke would
-// then be refused until it expired.
-func (c *Cluster) quiesce(t *term) {
-	c.stepMu.Lock() // waits out the step in flight
-	t.releasing = true
+// then be refused until it expired. t is nil for a Shutdown with no term:
+// an attempt in flight that is granted gives the term back itself, on its
+// connection, as Shutdown has begun (campaign). With cut > 0 (Shutdown) a
+// step in flight for longer than cut is cancelled, with the heartbeat's
+// context; the timer is armed only when a step is in flight.
+func (c *Cluster) quiesce(t *term, cut time.Duration) {
+	if !c.stepMu.TryLock() { // a step in flight
+		if cut > 0 {
+			late := time.AfterFunc(cut, c.cancel)
+			defer late.Stop()
+		}
+		c.stepMu.Lock()
+	}
+	if t != nil {
+		t.releasing = true
+	}
 	c.stepMu.Unlock()
 }
 

@@ -50,19 +50,21 @@ func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	return ms, nil
 }
 
-// join records this node as a member, and reports whether it did.
-// Membership is for operators: a failure (a follower on a read-only
-// replica, say) is logged, not fatal.
-func (c *Cluster) join(ctx context.Context) bool {
-	if c.members == nil {
-		return false
-	}
+// join records this node as a member at Init. Membership is for
+// operators: a failure is logged, not fatal. It returns the error; the
+// caller makes a later join due unless the database is read-only (a
+// follower on a replica), which no later join changes.
+func (c *Cluster) join(ctx context.Context) error {
 	if err := c.recordMembership(ctx, c.cfg.HeartbeatInterval); err != nil {
-		c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members does not list it until a join at a later heartbeat succeeds", "err", err)
-		return false
+		if errors.Is(err, ErrReadOnly) {
+			c.log.WarnContext(ctx, "cluster: the database is read-only, so this node's membership is not recorded; Members does not list it", "err", err)
+		} else {
+			c.log.WarnContext(ctx, "cluster: could not record this node's membership; Members does not list it until a join at a later heartbeat succeeds", "err", err)
+		}
+		return err
 	}
 	c.rowChecked.Store(mono())
-	return true
+	return nil
 }
 
 // recordMembership records this node as an active member, bounded by
@@ -90,39 +92,66 @@ func (c *Cluster) member() bool {
 
 // joinAgain is a join when one is due (mustJoin): the join at Init failed,
 // a refresh found the row taken over while this node went unseen, or an
-// earlier joinAgain failed. On success it clears mustJoin. A failure is
-// logged at Debug (the first, at Init or when the row was found taken
-// over, was logged louder) and left for the next heartbeat. A join that
-// failed may have committed (its answer lost): joining again then updates
-// the row, and counts, so the lanes' keeper takes lanes again. The
-// heartbeat goroutine and the keeper both call it; two joins at once
-// record the same row.
+// earlier joinAgain failed. On success it clears mustJoin; so does a
+// read-only database, which no later join changes (logged at Warn). Any
+// other failure is logged at Debug (the first, at Init or when the row was
+// found taken over, was logged louder) and left for a later heartbeat. A
+// join that failed may have committed (its answer lost): joining again
+// then updates the row, and counts, so the lanes' keeper takes lanes
+// again. One runs at a time (joining): see joinLater and joinNow.
 func (c *Cluster) joinAgain(ctx context.Context, timeout time.Duration) {
-	if err := c.recordMembership(ctx, timeout); err != nil {
-		if ctx.Err() == nil {
-			c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; Members does not list it and it does not count in the lanes' fair share yet", "err", err)
-		}
+	err := c.recordMembership(ctx, timeout)
+	switch {
+	case err == nil:
+		c.mustJoin.Store(false)
+		c.rowChecked.Store(mono())
+		c.log.InfoContext(ctx, "cluster: recorded this node's membership")
+	case errors.Is(err, ErrReadOnly):
+		c.mustJoin.Store(false)
+		c.log.WarnContext(ctx, "cluster: the database is read-only, so this node's membership is not recorded; Members does not list it", "err", err)
+	case ctx.Err() == nil:
+		c.log.DebugContext(ctx, "cluster: recording this node's membership failed again; Members does not list it and it does not count in the lanes' fair share yet", "err", err)
+	}
+}
+
+// joinLater runs joinAgain on a goroutine of its own, counted in wg,
+// unless a join runs already: the heartbeat asks for it, and a join,
+// bounded by timeout on a database slow enough to have failed one, must
+// not delay the renew or the attempt that follows (a leader's renew
+// delayed past FenceTimeout would end its term).
+func (c *Cluster) joinLater(ctx context.Context, timeout time.Duration) {
+	if !c.joining.CompareAndSwap(false, true) {
 		return
 	}
-	c.mustJoin.Store(false)
-	c.rowChecked.Store(mono())
-	c.log.InfoContext(ctx, "cluster: recorded this node's membership")
+	c.wg.Add(1) // from the heartbeat goroutine, itself counted
+	go func() {
+		defer c.wg.Done()
+		defer c.joining.Store(false)
+		c.joinAgain(ctx, timeout)
+	}()
+}
+
+// joinNow runs joinAgain on the caller's goroutine (the lanes' keeper,
+// whose next step needs the membership), unless a join runs already.
+func (c *Cluster) joinNow(ctx context.Context, timeout time.Duration) {
+	if !c.joining.CompareAndSwap(false, true) {
+		return
+	}
+	defer c.joining.Store(false)
+	c.joinAgain(ctx, timeout)
 }
 
 // refreshMembership refreshes this node's membership every few heartbeats;
 // candidate is true for a node whose lease statements may refresh it
 // already: then it only checks, every rowCheckEvery, that the row is
-// still there. When a join is due (mustJoin) it joins instead, every few
-// heartbeats until one succeeds (a follower on a read-only replica, whose
-// joins always fail, sends one every few heartbeats).
+// still there. When a join is due (mustJoin) it starts one instead
+// (joinLater), at each heartbeat step until one succeeds.
 func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	if c.members == nil {
 		return
 	}
 	if c.mustJoin.Load() {
-		if c.steps++; c.steps%membershipEvery == 0 {
-			c.joinAgain(ctx, c.cfg.HeartbeatInterval)
-		}
+		c.joinLater(ctx, c.cfg.HeartbeatInterval)
 		return
 	}
 	if !c.joined.Load() {
@@ -143,7 +172,7 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	switch {
 	case errors.Is(err, errNotMember):
 		c.rowTakenOver(ctx, err)
-		c.joinAgain(ctx, c.cfg.HeartbeatInterval)
+		c.joinLater(ctx, c.cfg.HeartbeatInterval)
 	case err != nil:
 		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 	}
@@ -158,7 +187,8 @@ func (c *Cluster) rowTakenOver(ctx context.Context, err error) {
 
 // leave marks this node as left, on Shutdown.
 func (c *Cluster) leave(ctx context.Context) {
-	if c.members == nil || !c.joined.Swap(false) {
+	// A join still due may be one whose answer was lost, its row there.
+	if c.members == nil || !c.joined.Swap(false) && !c.mustJoin.Load() {
 		return
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 )
 
 // A follower pinned to a read-only replica starts when the tables exist:
-// New runs no DDL on a current schema and writes nothing for a follower.
+// New runs no DDL on a current schema, and the follower's one write, its
+// membership, is refused once at Init and not tried again.
 func TestFollowerStartsOnReadOnlyReplica(t *testing.T) {
 	t.Parallel()
 	fp := strings.Repeat("5a", cluster.VaultKeyFingerprintLen/2)
@@ -23,12 +25,34 @@ func TestFollowerStartsOnReadOnlyReplica(t *testing.T) {
 		if _, err := ro.ExecContext(ctx, "CREATE TABLE "+tg.Prefix+"probe (x INTEGER)"); err == nil {
 			t.Fatal("the read-only connection accepted DDL; the test would prove nothing")
 		}
-		f := startOn(t, tg, ro, "f", withKeys, func(c *cluster.Config) { c.Role = cluster.RoleFollower })
+		p, err := cluster.NewDBProvider(ro, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joins := &countedJoins{DBProvider: p}
+		f := startOn(t, tg, ro, "f", withKeys, func(c *cluster.Config) { c.Role, c.Provider = cluster.RoleFollower, joins })
 		l, err := f.CurrentLeader(ctx)
 		if err != nil || l == nil || l.NodeID != "a" || l.FencingToken != a.FencingToken() {
 			t.Fatalf("follower on the replica reads leader %+v, %v; want a with token %d", l, err, a.FencingToken())
 		}
+		// Its join at Init was refused as read-only, which no later join
+		// changes: it does not try again at every poll.
+		time.Sleep(10 * testdb.Heartbeat)
+		if n := joins.n.Load(); n != 1 {
+			t.Errorf("the follower on the replica tried to join %d times in ten heartbeats; want 1 (at Init)", n)
+		}
 	})
+}
+
+// countedJoins counts the membership joins a node tries.
+type countedJoins struct {
+	*cluster.DBProvider
+	n atomic.Int32
+}
+
+func (p *countedJoins) Join(ctx context.Context, scope string, m cluster.Member) error {
+	p.n.Add(1)
+	return p.DBProvider.Join(ctx, scope, m)
 }
 
 // Starting a node while a fenced transaction is open neither waits for it
