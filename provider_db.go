@@ -728,21 +728,21 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 		return nil
 	}
 	if err != nil {
-		werr := p.wrap("join the cluster", err)
-		if errors.Is(werr, ErrReadOnly) || ctx.Err() != nil {
+		if werr := p.wrap("join the cluster", err); errors.Is(werr, ErrReadOnly) || ctx.Err() != nil {
 			return werr // node_join would fail the same way
 		}
 		// The join goes on: a row of this instance already there (a
 		// second Join, after one whose answer was lost) is a key
 		// conflict, which node_join updates.
-		if _, jerr := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); jerr != nil {
-			return p.wrap("join the cluster", errors.Join(jerr, err))
-		}
-		p.log.DebugContext(ctx, "cluster: taking over the membership row of a member that left failed; added a row", "err", err)
-		return nil
 	}
-	if _, err := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); err != nil {
-		return p.wrap("join the cluster", err)
+	if _, jerr := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); jerr != nil {
+		if err != nil {
+			jerr = errors.Join(jerr, err)
+		}
+		return p.wrap("join the cluster", jerr)
+	}
+	if err != nil {
+		p.log.DebugContext(ctx, "cluster: taking over the membership row of a member that left failed; added a row", "err", err)
 	}
 	return nil
 }
