@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -45,6 +46,36 @@ func newTarget(d cluster.Dialect, dsn, dir, prefix string) (target, error) {
 		return tg, fmt.Errorf("unknown dialect %q", d)
 	}
 	return tg, nil
+}
+
+// writeLocked reports whether some session holds an SQLite database's
+// write lock: a BEGIN IMMEDIATE that does not wait fails with SQLITE_BUSY.
+// probe is a pool on the database file opened by openProbe.
+func (tg target) writeLocked(ctx context.Context, probe *sql.DB) (bool, error) {
+	tx, err := probe.BeginTx(ctx, nil)
+	if err != nil {
+		var se interface{ Code() int }
+		if errors.As(err, &se) && se.Code()&0xff == 5 { // SQLITE_BUSY and its extended codes
+			return true, nil
+		}
+		return false, err
+	}
+	return false, tx.Rollback()
+}
+
+// openProbe opens the pool writeLocked uses: SQLite's file with no busy
+// wait, transactions beginning IMMEDIATE. Other dialects have none.
+func (tg target) openProbe() (*sql.DB, error) {
+	if tg.dialect != cluster.SQLite {
+		return nil, nil
+	}
+	file, _, _ := strings.Cut(tg.dsn, "?")
+	db, err := sql.Open(tg.driver, file+"?_pragma=busy_timeout(0)&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
 }
 
 // networked reports whether nodes reach the database over TCP (through
