@@ -82,7 +82,7 @@ type Cluster struct {
 	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
 	mustJoin       atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
-	joining        atomic.Bool   // a join for mustJoin runs (one at a time)
+	joining        atomic.Bool   // a membership refresh or join runs (memberLater, joinNow: one at a time)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

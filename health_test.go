@@ -496,6 +496,52 @@ func TestJoinAgainDoesNotDelayRenew(t *testing.T) {
 	})
 }
 
+// slowSeen is the default provider whose membership refreshes (Seen)
+// last until their deadline: a members table whose rows are locked, or a
+// database too busy for membership writes.
+type slowSeen struct {
+	*cluster.DBProvider
+	n atomic.Int32
+}
+
+func (p *slowSeen) Seen(ctx context.Context, scope, instance string) error {
+	p.n.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A membership refresh never delays the renew: at the default ratio of
+// timings a refresh that ran to a bound of one heartbeat before a renew
+// would start it when the leader's trust ran out. On PostgreSQL, whose
+// lease statements refresh the row, the leader checks the row every few
+// heartbeats here (hourly by default). Not parallel: it sets how often.
+func TestMembershipRefreshDoesNotDelayRenew(t *testing.T) {
+	cluster.SetRowCheckEvery(t, 500*time.Millisecond)
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := &slowSeen{DBProvider: p}
+		a := startOn(t, tg, db, "a", func(c *cluster.Config) {
+			c.Provider = seen
+			// The defaults' ratio: a heartbeat of LeaseTTL/3, FenceTimeout
+			// LeaseTTL minus a heartbeat.
+			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = time.Second, 0, 0
+		})
+		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+		time.Sleep(4 * time.Second)
+		if seen.n.Load() < 2 {
+			t.Fatalf("%d membership refreshes in twelve heartbeats; want several", seen.n.Load())
+		}
+		if st := a.Stats(); st.SelfFences != 0 || st.Acquisitions != 1 || !a.IsLeader() {
+			t.Fatalf("a after twelve heartbeats of slow refreshes (%d): %d self-fences, %d acquisitions, leads %v; want 0, 1, true",
+				seen.n.Load(), st.SelfFences, st.Acquisitions, a.IsLeader())
+		}
+	})
+}
+
 // A candidate whose membership row was taken over while it went unseen
 // joins again, the leader and a follower alike: on MySQL and SQLite at
 // its next refresh, on PostgreSQL, whose lease statements refresh the row

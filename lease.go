@@ -47,16 +47,15 @@ func (c *Cluster) run(ctx context.Context, wait time.Duration) {
 			c.pollNext = false // the lease is likely free: a full attempt
 			timer.Stop()       // since Go 1.23 no stale tick can follow; Reset below rearms it
 		}
-		// The membership refresh comes before the lease statement, so the
-		// time right after a renew is quiet (on SQLite, a process stopped
-		// then holds no write lock).
-		c.refreshMembership(ctx, true)
 		wait := c.step(ctx)
 		if c.halted != nil {
 			c.haltedFlag.Store(true)
 			return
 		}
 		timer.Reset(wait)
+		// After the lease statement, and on a goroutine of its own: the
+		// renew goes first, and a slow refresh delays no later one.
+		c.refreshMembership(ctx, true)
 	}
 }
 

@@ -114,12 +114,19 @@ func (c *Cluster) joinAgain(ctx context.Context, timeout time.Duration) {
 	}
 }
 
-// joinLater runs joinAgain on a goroutine of its own, counted in wg,
-// unless a join runs already: the heartbeat asks for it, and a join,
-// bounded by timeout on a database slow enough to have failed one, must
-// not delay the renew or the attempt that follows (a leader's renew
-// delayed past FenceTimeout would end its term).
+// joinLater runs joinAgain on a goroutine of its own (memberLater): the
+// heartbeat asks for it, and a join, bounded by timeout on a database slow
+// enough to have failed one, must not delay the renew or the attempt that
+// follows (a leader's renew delayed past FenceTimeout would end its term).
 func (c *Cluster) joinLater(ctx context.Context, timeout time.Duration) {
+	c.memberLater(func() { c.joinAgain(ctx, timeout) })
+}
+
+// memberLater runs f, a membership statement of the heartbeat's, on a
+// goroutine of its own, counted in wg, unless one runs already (joining):
+// a refresh or a join never delays a lease statement, and a database that
+// is slow to answer them has at most one of them in flight per node.
+func (c *Cluster) memberLater(f func()) {
 	if !c.joining.CompareAndSwap(false, true) {
 		return
 	}
@@ -127,7 +134,7 @@ func (c *Cluster) joinLater(ctx context.Context, timeout time.Duration) {
 	go func() {
 		defer c.wg.Done()
 		defer c.joining.Store(false)
-		c.joinAgain(ctx, timeout)
+		f()
 	}()
 }
 
@@ -145,9 +152,14 @@ func (c *Cluster) joinNow(ctx context.Context, timeout time.Duration) {
 // candidate is true for a node whose lease statements may refresh it
 // already: then it only checks, every rowCheckEvery, that the row is
 // still there. When a join is due (mustJoin) it starts one instead
-// (joinLater), at each heartbeat step until one succeeds.
+// (joinLater), at each heartbeat step until one succeeds. The refresh,
+// and the join after a refresh that found the row taken over, run on a
+// goroutine of their own (memberLater), so that a refresh bounded by a
+// heartbeat on a slow database never delays the renew that follows (at
+// the default timings it would start when the leader's trust ran out).
+// While one runs, steps are not counted.
 func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
-	if c.members == nil {
+	if c.members == nil || c.joining.Load() {
 		return
 	}
 	if c.mustJoin.Load() {
@@ -166,16 +178,18 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	} else if c.steps++; c.steps%membershipEvery != 0 {
 		return
 	}
-	sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	defer cancel()
-	err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
-	switch {
-	case errors.Is(err, errNotMember):
-		c.rowTakenOver(ctx, err)
-		c.joinLater(ctx, c.cfg.HeartbeatInterval)
-	case err != nil:
-		c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
-	}
+	c.memberLater(func() {
+		sctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		defer cancel()
+		err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
+		switch {
+		case errors.Is(err, errNotMember):
+			c.rowTakenOver(ctx, err)
+			c.joinAgain(ctx, c.cfg.HeartbeatInterval)
+		case err != nil:
+			c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
+		}
+	})
 }
 
 // rowTakenOver records that a refresh found this node's membership row

@@ -3,11 +3,14 @@
 package cluster_test
 
 import (
+	"database/sql"
+	"errors"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
@@ -47,11 +50,12 @@ func TestMultiProcess(t *testing.T) {
 		a.signal(t, syscall.SIGUSR1)
 		await(t, 5*time.Second, "quiet", m)
 		m = mark(a, b, c)
-		// Stop it just after a renew, not during one: a process stopped
-		// while it holds SQLite's write lock blocks every node until it
-		// resumes, which is SQLite's nature, not what this test is about.
+		// Stop it just after a renew, and not inside a write (its
+		// membership refresh follows the renew): a process stopped while
+		// it holds SQLite's write lock blocks every node until it resumes,
+		// which is SQLite's nature, not what this test is about.
 		afterRenew(t, tg, setup)
-		a.signal(t, syscall.SIGSTOP)
+		stopOutsideWrite(t, tg, a)
 		stopped := time.Now()
 		second, _ := await(t, 10*time.Second, "event lease-acquired", mark(b, c))
 		// Keep a stopped past its lease: a pause, not a wait for an event.
@@ -131,4 +135,46 @@ func TestMultiProcess(t *testing.T) {
 			t.Fatalf("want commits under three terms from at least two processes, got terms %v", terms)
 		}
 	})
+}
+
+// stopOutsideWrite stops ch with SIGSTOP. On SQLite, while the file's
+// write lock stays held for 30ms after the stop (ch stopped inside a write
+// transaction), it resumes ch and stops it again a few milliseconds later.
+func stopOutsideWrite(t *testing.T, tg testdb.Target, ch *child) {
+	t.Helper()
+	var probe *sql.DB
+	if tg.Dialect == cluster.SQLite {
+		file, _, _ := strings.Cut(tg.DSN, "?")
+		probe = tg.OpenDSN(t, file+"?_pragma=busy_timeout(0)&_txlock=immediate")
+	}
+	held := func() bool {
+		for i := 0; i < 4; i++ {
+			if i > 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			tx, err := probe.Begin()
+			var se interface{ Code() int }
+			if errors.As(err, &se) && se.Code()&0xff == 5 {
+				continue // SQLITE_BUSY: someone holds the write lock
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx.Rollback()
+			return false
+		}
+		return true
+	}
+	for try := 0; ; try++ {
+		ch.signal(t, syscall.SIGSTOP)
+		if probe == nil || !held() {
+			return
+		}
+		if try == 50 {
+			t.Fatalf("%s held SQLite's write lock at each of 50 stops", ch.id)
+		}
+		t.Logf("%s: stop %d landed inside a write transaction; resumed it", ch.id, try+1)
+		ch.signal(t, syscall.SIGCONT)
+		time.Sleep(time.Duration(5+try%20) * time.Millisecond)
+	}
 }
