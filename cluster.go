@@ -83,6 +83,7 @@ type Cluster struct {
 	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
 	mustJoin       atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
 	joining        atomic.Bool   // a membership refresh or join runs (memberLater, joinNow: one at a time)
+	hearsMarked    atomic.Bool   // the membership row records that this node hears releases (members.go markHearing)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu

@@ -25,6 +25,7 @@ type postgres struct {
 		Warm          string `sql:"warm"`             // (none)
 		Rehearse      string `sql:"rehearse_release"` // (none)
 		Pass          string `sql:"pass"`             // name
+		Hears         string `sql:"node_hears"`       // scope, instance
 		Poll          string `sql:"poll"`             // name, instance
 		pgLaneQueries
 	}
@@ -72,6 +73,13 @@ func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
 	// attempt on it would run that query too.
 	_, err = conn.Exec(ctx, "SELECT set_config($1, '1', false)", d.warmFlag)
 	return err
+}
+
+// markHearing records that instance hears releases of lease scope and may
+// lead (node_hears), and reports whether its active row was there.
+func (d *postgres) markHearing(ctx context.Context, conn Querier, scope, instance string) (bool, error) {
+	n, err := conn.Exec(ctx, d.q.Hears, scope, instance)
+	return n == 1, err
 }
 
 func (d *postgres) name() Dialect     { return Postgres }

@@ -629,3 +629,44 @@ func TestLaneShareAfterFailedJoin(t *testing.T) {
 		}
 	})
 }
+
+// Slow membership refreshes do not cost a node its lanes: where the lease
+// statements do not refresh membership (MySQL, SQLite) the keeper
+// refreshes it before each renew of the lanes, bounded so that the renew
+// still starts within this node's belief in its lanes (keeperTimeout), at
+// the defaults' ratio of timings. On PostgreSQL the keeper runs no refresh
+// of its own.
+func TestLanesKeptThroughSlowMembershipRefreshes(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := &slowSeen{DBProvider: p}
+		a := startOn(t, tg, db, "a", func(c *cluster.Config) {
+			c.Provider = seen
+			c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = time.Second, 0, 0
+		})
+		if _, err := claimLane(ctx, a, "k"); err != nil {
+			t.Fatal(err)
+		}
+		var lapses, samples int
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			samples++
+			if !a.OwnsLane("k") {
+				lapses++
+			}
+		}
+		if tg.Dialect != cluster.Postgres && seen.n.Load() < 3 {
+			t.Fatalf("%d membership refreshes in nine heartbeats; want one about each heartbeat", seen.n.Load())
+		}
+		t.Logf("%d slow membership refreshes, OwnsLane sampled %d times", seen.n.Load(), samples)
+		if lapses > 0 || a.Lanes() == nil {
+			t.Fatalf("OwnsLane was false at %d of %d samples over nine heartbeats of slow membership refreshes (%d); lanes now %v",
+				lapses, samples, seen.n.Load(), a.Lanes())
+		}
+	})
+}

@@ -81,6 +81,7 @@ func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) e
 	}
 	c.joined.Store(true)
 	c.joins.Add(1)
+	c.hearsMarked.Store(false) // a row taken over or added records no hearing
 	return nil
 }
 
@@ -169,6 +170,9 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	if !c.joined.Load() {
 		return
 	}
+	if c.markHearingLater(ctx) {
+		return
+	}
 	if candidate && c.members.SeenByLease() {
 		now := mono()
 		if time.Duration(now-c.rowChecked.Load()) < rowCheckEvery {
@@ -190,6 +194,44 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 			c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 		}
 	})
+}
+
+// markHearingLater starts markHearing on a goroutine of its own
+// (memberLater) when this node hears releases and its membership row does
+// not record it yet, and reports whether it is due: when its listener
+// connects, and at each heartbeat step until one succeeds. Only with the
+// default provider, or one that embeds it.
+func (c *Cluster) markHearingLater(ctx context.Context) bool {
+	hm, ok := c.members.(interface {
+		markHearing(ctx context.Context, scope, instance string) error
+	})
+	if !ok || !c.hearing.Load() || c.hearsMarked.Load() || !c.member() {
+		return false
+	}
+	c.memberLater(func() { c.markHearing(ctx, hm.markHearing) })
+	return true
+}
+
+// markHearing records, with mark (DBProvider.markHearing, also through a
+// provider that embeds it), that this node hears releases by LISTEN, once
+// per membership row: a PostgreSQL release names only such a member its
+// successor, never a RoleFollower or a node that polls, which would not
+// take the turn (the others would wait out successorLead). A node whose
+// listener stops stays recorded: it is named until it leaves, as before
+// this record existed, and the others then try 5-10 ms later.
+func (c *Cluster) markHearing(ctx context.Context, mark func(ctx context.Context, scope, instance string) error) {
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+	defer cancel()
+	err := mark(mctx, c.cfg.LeaseName, c.instance)
+	switch {
+	case err == nil:
+		c.hearsMarked.Store(true)
+	case errors.Is(err, errNotMember):
+		c.rowTakenOver(ctx, err)
+		c.joinAgain(ctx, c.cfg.HeartbeatInterval)
+	case ctx.Err() == nil:
+		c.log.DebugContext(ctx, "cluster: recording that this node hears releases failed; a release does not name it successor until a later heartbeat records it", "err", err)
+	}
 }
 
 // rowTakenOver records that a refresh found this node's membership row

@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -488,7 +488,10 @@ func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string,
 	if err != nil {
 		return released{}, p.wrap("release lease "+quote(name), err)
 	}
-	woke := p.announce(name, instance, successor, !p.d.notifies())
+	// A release that named no one (no member records that it hears, as
+	// none listens through a pool that cannot) still wakes one node of
+	// this process first.
+	woke := p.announce(name, instance, successor, !p.d.notifies() || successor == "")
 	return released{ended: true, successor: successor, woke: woke}, nil
 }
 

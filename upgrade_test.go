@@ -112,3 +112,57 @@ func TestSchemaUpgradeFromVersion3(t *testing.T) {
 		}
 	})
 }
+
+// A database made by schema version 4 is upgraded by New to this build's:
+// on PostgreSQL the membership rows gain hears_releases (0 for the
+// members already there, which a release then does not name until they
+// record it), on every dialect the version is recorded and the lease goes
+// on from its token.
+func TestSchemaUpgradeFromVersion4(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		src, err := os.ReadFile("testdata/schema_v4/" + string(tg.Dialect) + ".sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("version 4 DDL: %v\n%s", err, stmt)
+			}
+		}
+		for _, q := range []string{
+			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (4, 0)",
+			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
+			"INSERT INTO " + tg.Prefix + "nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('other', 'i', 'old', 'h', 1, '', 0, 0, 'active')",
+		} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		a := start(t, tg, "a")
+		if got := a.FencingToken(); got != 8 {
+			t.Fatalf("first term after the upgrade has token %d, want 8", got)
+		}
+		var version int
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+		}
+		if tg.Dialect == cluster.Postgres {
+			var hears int
+			if err := db.QueryRowContext(ctx, "SELECT hears_releases FROM "+tg.Prefix+"nodes WHERE scope = 'other' AND instance = 'i'").Scan(&hears); err != nil || hears != 0 {
+				t.Fatalf("hears_releases of a member from before the upgrade = %d (%v), want 0", hears, err)
+			}
+		}
+		b := start(t, tg, "b")
+		if err := a.Resign(ctx); err != nil {
+			t.Fatalf("release after the upgrade: %v", err)
+		}
+		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
+		if got := b.FencingToken(); got != 9 {
+			t.Fatalf("b's term after a's has token %d, want 9", got)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -403,6 +404,38 @@ func (p *DBProvider) passRelease(ctx context.Context, name, instance string) err
 	return nil
 }
 
+// A hearingMarker is a dialect whose releases name a successor among the
+// members recorded as hearing them (PostgreSQL's): markHearing records
+// that instance, a candidate, does, and reports whether its active row
+// was there.
+type hearingMarker interface {
+	markHearing(ctx context.Context, conn Querier, scope, instance string) (bool, error)
+}
+
+// markHearing records that instance, a candidate, hears the releases of
+// lease scope by LISTEN, so that a release may name it successor. Where
+// releases name none, it does nothing. A missing row is an error wrapping
+// errNotMember (the node joins again).
+func (p *DBProvider) markHearing(ctx context.Context, scope, instance string) error {
+	hm, ok := p.d.(hearingMarker)
+	if !ok {
+		return nil
+	}
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	there, err := hm.markHearing(ctx, conn, scope, instance)
+	if err != nil {
+		return p.wrap("record that this node hears releases", err)
+	}
+	if !there {
+		return fmt.Errorf("cluster: record that this node hears releases: instance %s has no active row under lease name %q: %w", instance, scope, errNotMember)
+	}
+	return nil
+}
+
 // A passer is a dialect whose releases notify other processes: pass
 // notifies that lease name is free for everyone to try.
 type passer interface {
@@ -524,6 +557,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 		case was && !on:
 			wake() // a follower sleeping until the lease's expiry polls again now
 		case on && !was:
+			c.markHearingLater(ctx) // a release may name this node now
 			mu.Lock()
 			defer mu.Unlock()
 			d := rand.N(c.cfg.HeartbeatInterval/2 + 1)

@@ -543,6 +543,7 @@ func TestSuccessorAttemptsOnListeningConnection(t *testing.T) {
 	}
 	b := node(t, tg, tracedPool(t, tg, log), "b", longPoll)
 	waitFor(t, 3*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases })
+	waitHears(t, tg, admin, "leader", "b")
 	time.Sleep(100 * time.Millisecond) // let b's first attempt, made at start, land
 	var listening *pgx.Conn
 	for _, s := range log.all() {
@@ -578,6 +579,7 @@ func TestSuccessorAttemptsOnListeningConnection(t *testing.T) {
 	for round := 0; round < 4 && !slices.Contains(attempts, true); round++ {
 		if round > 0 {
 			waitFor(t, 5*time.Second, "a to hear releases", func() bool { return a.Stats().HearingReleases && !a.IsLeader() })
+			waitHears(t, tg, admin, "leader", "a")
 			release()
 			waitFor(t, time.Second, "a to take over", a.IsLeader)
 			waitFor(t, 5*time.Second, "b to hear releases", func() bool { return b.Stats().HearingReleases && !b.IsLeader() })
@@ -648,6 +650,7 @@ func TestSharedProviderSimultaneousNamedReleases(t *testing.T) {
 		t.Cleanup(func() { c.Shutdown(context.Background()) })
 		followers = append(followers, c)
 		waitFor(t, 3*time.Second, c.NodeID()+" to hear releases", func() bool { return c.Stats().HearingReleases })
+		waitHears(t, tg, admin, lease, c.NodeID())
 	}
 	time.Sleep(100 * time.Millisecond) // let the followers' first attempts, made at start, land
 
@@ -699,4 +702,66 @@ func TestSharedProviderSimultaneousNamedReleases(t *testing.T) {
 		hold()
 		time.Sleep(holdOff + 50*time.Millisecond)
 	}
+}
+
+// waitHears waits until node id's active membership row under lease
+// scope records that it hears releases, which a release needs to name it.
+func waitHears(t *testing.T, tg testdb.Target, admin *pgxpool.Pool, scope, id string) {
+	t.Helper()
+	waitFor(t, 5*time.Second, id+" to record that it hears releases", func() bool {
+		var v int
+		err := admin.QueryRow(context.Background(), "SELECT hears_releases FROM "+tg.Prefix+"nodes WHERE scope = $1 AND node_id = $2 AND status = 'active'", scope, id).Scan(&v)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return v == 1
+	})
+}
+
+// A release names only a member recorded as hearing releases: not a
+// RoleFollower (it never leads) nor a candidate that polls (it would not
+// hear that it was named, and the others would wait out successorLead),
+// even when they have run longest. A candidate that listens records it
+// (nodes.hears_releases) at a heartbeat after its listener connects.
+func TestReleaseNamesOnlyMembersThatHear(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := newPool(t, tg, 1)
+	hears := func(id string) int {
+		t.Helper()
+		var v int
+		if err := admin.QueryRow(ctx, "SELECT hears_releases FROM "+tg.Prefix+"nodes WHERE scope = 'leader' AND node_id = $1 AND status = 'active'", id).Scan(&v); err != nil {
+			t.Fatalf("read hears_releases of %s: %v", id, err)
+		}
+		return v
+	}
+	nodes := map[string]*cluster.Cluster{
+		"f": node(t, tg, newPool(t, tg, 0), "f", func(c *cluster.Config) { c.Role = cluster.RoleFollower }),
+	}
+	time.Sleep(20 * time.Millisecond) // started_at is in milliseconds: keep the order strict
+	nodes["p"] = node(t, tg, newPool(t, tg, 0), "p", func(c *cluster.Config) { c.PollOnly = true })
+	time.Sleep(20 * time.Millisecond)
+	nodes["a"] = node(t, tg, newPool(t, tg, 0), "a", nil)
+	time.Sleep(20 * time.Millisecond)
+	nodes["b"] = node(t, tg, newPool(t, tg, 0), "b", nil)
+	if !nodes["p"].IsLeader() {
+		t.Fatal("p, the first candidate, does not lead")
+	}
+	for _, id := range []string{"a", "b"} {
+		waitHears(t, tg, admin, "leader", id)
+	}
+	time.Sleep(500 * time.Millisecond) // five heartbeats more: f and p would have recorded it by now
+	for _, id := range []string{"f", "p"} {
+		if v := hears(id); v != 0 {
+			t.Fatalf("%s, which does not hear releases, has hears_releases %d", id, v)
+		}
+	}
+	var named string
+	if err := admin.QueryRow(ctx, "SELECT COALESCE((SELECT node_id FROM "+tg.Prefix+"nodes n WHERE n.instance = r.successor), '') FROM "+tg.Prefix+"release($1, NULL, NULL, NULL) r", "leader").Scan(&named); err != nil {
+		t.Fatal(err)
+	}
+	if named != "a" {
+		t.Fatalf("the release named %q; want a, the longest-running member that hears releases (f never leads, p polls)", named)
+	}
+	waitFor(t, 5*time.Second, "a to lead", nodes["a"].IsLeader)
 }

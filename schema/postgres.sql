@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later, version 4.
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 5.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default
 -- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
@@ -271,8 +271,14 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     status     TEXT   NOT NULL CHECK (status IN ('active', 'left')),
     -- 1 once the node claimed a lane: it counts towards the lanes' fair share.
     takes_lanes SMALLINT NOT NULL DEFAULT 0,
+    -- 1 once the node heard releases by LISTEN as a candidate (version 5):
+    -- only such a member is named successor by a release.
+    hears_releases SMALLINT NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
+
+-- Version 5 adds hears_releases to the tables of earlier versions.
+ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,
@@ -509,8 +515,11 @@ $acquire$;
 -- transaction commits, in the order sent) and names its successor, the
 -- member that has run longest of those seen within two TTLs (a listening
 -- follower tries at least once a TTL; a member that crashed without
--- leaving stays active, unseen), as its database sessions are the
--- likeliest to be warm (a member just started is not yet). The first
+-- leaving stays active, unseen) that hear releases (hears_releases: not a
+-- RoleFollower, which never leads, nor a node that polls, which would not
+-- hear that it was named, and the others would wait out successorLead),
+-- as its database sessions are the likeliest to be warm (a member just
+-- started is not yet). The first
 -- payload is the lease name, then a newline and the successor's instance;
 -- the second is the lease name alone, for nodes of versions that do not
 -- know the first (PostgreSQL sends one when there is no successor, the two
@@ -555,7 +564,7 @@ BEGIN
         SELECT COALESCE((
             SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
             WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-              AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
+              AND n.hears_releases = 1 AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
             ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
     )
     SELECT r.instance, s.instance

@@ -242,7 +242,7 @@ SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text,
 -- No row updated: node_join adds one.
 UPDATE {{prefix}}nodes AS m
 SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5,
-    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0
+    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0, hears_releases = 0
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 WHERE (m.scope, m.instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
@@ -258,6 +258,11 @@ VALUES ($1, $2, $3, $4, $5, $6, floor(extract(epoch FROM clock_timestamp()) * 10
 ON CONFLICT (scope, instance) DO UPDATE SET
     node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
     last_seen = excluded.last_seen, status = 'active';
+
+-- name: node_hears
+-- args: scope, instance. The member hears releases by LISTEN and may lead:
+-- a release may name it successor.
+UPDATE {{prefix}}nodes SET hears_releases = 1 WHERE scope = $1 AND instance = $2 AND status = 'active';
 
 -- name: node_seen
 -- args: scope, instance.
