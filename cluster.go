@@ -452,9 +452,9 @@ func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 // connections, and what the application tears down once Shutdown
 // returns, would otherwise compete with the successor's grant for the
 // database. The wait runs out unheard when no other node will take the
-// lease (the members named are RoleFollower or PollOnly nodes with no
-// candidate beside them) or when the one that does is of an earlier
-// version, whose grants do not notify.
+// lease (the member named holds off after Resign, with no other candidate
+// beside it) or when the one that does is of an earlier version, whose
+// grants do not notify.
 //
 // The release waits for a renew of the term in flight to return (a renew
 // answered after the release could extend the released lease), then runs

@@ -26,6 +26,7 @@ type postgres struct {
 		Rehearse      string `sql:"rehearse_release"` // (none)
 		Pass          string `sql:"pass"`             // name
 		Hears         string `sql:"node_hears"`       // scope, instance
+		UpgradeFirst  string `sql:"upgrade_first"`    // (none)
 		Poll          string `sql:"poll"`             // name, instance
 		pgLaneQueries
 	}
@@ -96,6 +97,19 @@ func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) err
 		return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
 	}
 	return nil
+}
+
+// upgradeFirst runs, before the schema transaction of an upgrade from
+// version 4 or earlier, what must not run inside it: adding the column
+// hears_releases locks the members table, which running nodes' statements
+// lock before the lease table, while the schema transaction holds the
+// lease table's lock already.
+func (d *postgres) upgradeFirst(ctx context.Context, conn Querier, have int64) error {
+	if have == 0 || have >= 5 {
+		return nil
+	}
+	_, err := conn.Exec(ctx, d.q.UpgradeFirst)
+	return err
 }
 
 func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {

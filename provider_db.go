@@ -160,6 +160,13 @@ func (p *DBProvider) Init(ctx context.Context) error {
 	if err != nil || have == SchemaVersion {
 		return err
 	}
+	if uf, ok := p.d.(interface {
+		upgradeFirst(ctx context.Context, conn Querier, have int64) error
+	}); ok {
+		if err := uf.upgradeFirst(ctx, conn, have); err != nil {
+			return p.wrap(fmt.Sprintf("prepare the upgrade of the cluster tables from schema version %d", have), err)
+		}
+	}
 	unlock, err := p.d.lockSchema(ctx, conn, p.prefix)
 	if err != nil {
 		return p.wrap("lock schema", err)

@@ -166,3 +166,68 @@ func TestSchemaUpgradeFromVersion4(t *testing.T) {
 		}
 	})
 }
+
+// On PostgreSQL the schema transaction of an upgrade from version 4 takes
+// no lock on the members table: New adds its new column in a transaction
+// of its own first, and the schema file adds it only when it is missing.
+// Locked there, after the lease table, it could deadlock with a running
+// node's statement that locks the members table first (renew, acquire).
+func TestSchemaUpgradeLeavesMembersUnlocked(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	db := tg.Open(t)
+	src, err := os.ReadFile("testdata/schema_v4/postgres.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("version 4 DDL: %v\n%s", err, stmt)
+		}
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"schema_version (version, applied_at) VALUES (4, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	start(t, tg, "a") // upgrades
+	var has bool
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'hears_releases' AND NOT attisdropped)", tg.Prefix+"nodes").Scan(&has); err != nil || !has {
+		t.Fatalf("nodes has hears_releases after the upgrade: %v (%v)", has, err)
+	}
+	// The schema transaction again, as an upgrade runs it once the column
+	// is there: which locks does it hold on the members table?
+	ddl, err := cluster.SchemaSQL(cluster.Postgres, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, stmt := range splitSQL(ddl) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("schema DDL: %v\n%s", err, stmt)
+		}
+	}
+	var modes []string
+	rows, err := tx.QueryContext(ctx, "SELECT mode FROM pg_locks WHERE pid = pg_backend_pid() AND relation = $1::regclass", tg.Prefix+"nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var m string
+		if err := rows.Scan(&m); err != nil {
+			t.Fatal(err)
+		}
+		modes = append(modes, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range modes {
+		if m != "AccessShareLock" {
+			t.Fatalf("the schema transaction holds %v on the members table; want at most AccessShareLock", modes)
+		}
+	}
+}

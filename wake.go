@@ -557,7 +557,12 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 		case was && !on:
 			wake() // a follower sleeping until the lease's expiry polls again now
 		case on && !was:
-			c.markHearingLater(ctx) // a release may name this node now
+			if _, std := w.(*DBProvider); std {
+				// On the watcher goroutine, counted in wg (another
+				// provider's WatchReleases may call live from one that is
+				// not; then the heartbeat records it).
+				c.markHearingLater(ctx) // a release may name this node now
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			d := rand.N(c.cfg.HeartbeatInterval/2 + 1)

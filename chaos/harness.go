@@ -374,7 +374,11 @@ func (h *harness) apply(ctx context.Context, s step) error {
 		if p.alive() {
 			if undone := h.stop(ctx, p); undone > 0 {
 				f.Detail += fmt.Sprintf(" (%d stops inside a write undone)", undone)
-				h.e.logf("          %s: %d stops landed inside a write transaction and were undone", p.id, undone)
+				if undone == 20 {
+					h.e.logf("          %s: 20 stops landed inside a write transaction and were undone; the 21st stays, inside one or not", p.id)
+				} else {
+					h.e.logf("          %s: %d stops landed inside a write transaction and were undone", p.id, undone)
+				}
 			}
 			f.Start = h.clk.now()
 		}

@@ -277,8 +277,20 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     PRIMARY KEY (scope, instance)
 );
 
--- Version 5 adds hears_releases to the tables of earlier versions.
-ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
+-- Version 5 adds hears_releases to the tables of earlier versions, only
+-- when it is missing: ALTER TABLE locks the table even when the column is
+-- there, and this transaction holds the locks of the lease and the other
+-- tables, which a running node's statements take in another order (a
+-- deadlock). New adds it first in a transaction of its own
+-- (upgrade_first in postgres_queries.sql), so here it is there already.
+DO $hears$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = '{{prefix}}nodes'::regclass AND attname = 'hears_releases' AND NOT attisdropped) THEN
+        ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
+    END IF;
+END
+$hears$;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,

@@ -259,6 +259,23 @@ ON CONFLICT (scope, instance) DO UPDATE SET
     node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
     last_seen = excluded.last_seen, status = 'active';
 
+-- name: upgrade_first
+-- args: none. Before an upgrade from version 4 or earlier, in a
+-- transaction of its own (it takes one lock, the members table's, for as
+-- long as a catalog change takes, waiting at most 5 s): the column
+-- version 5 adds, which the schema transaction then finds there. No-op
+-- when the table is missing or has it.
+DO $hears$
+BEGIN
+    PERFORM set_config('lock_timeout', '5000', true);
+    IF to_regclass('{{prefix}}nodes') IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = to_regclass('{{prefix}}nodes') AND attname = 'hears_releases' AND NOT attisdropped) THEN
+        ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
+    END IF;
+END
+$hears$;
+
 -- name: node_hears
 -- args: scope, instance. The member hears releases by LISTEN and may lead:
 -- a release may name it successor.
@@ -276,7 +293,7 @@ SELECT 1 FROM {{prefix}}nodes WHERE scope = $1 AND instance = $2;
 
 -- name: node_leave
 -- args: scope, instance.
-UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left'
+UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left', hears_releases = 0
 WHERE scope = $1 AND instance = $2;
 
 -- name: members
