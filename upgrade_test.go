@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -18,39 +20,14 @@ import (
 func TestSchemaUpgradeFromVersion2(t *testing.T) {
 	t.Parallel()
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
 		db := tg.Open(t)
-		src, err := os.ReadFile("testdata/schema_v2/" + string(tg.Dialect) + ".sql")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				t.Fatalf("version 2 DDL: %v\n%s", err, stmt)
-			}
-		}
-		for _, q := range []string{
-			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (2, 0)",
-			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
-		} {
-			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-
-		a := start(t, tg, "a")
-		if got := a.FencingToken(); got != 8 {
-			t.Fatalf("first term after the upgrade has token %d, want 8", got)
-		}
-		var version int
-		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
-			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
-		}
+		createAtVersion(t, tg, db, 2, oldLease(tg))
+		startUpgraded(t, tg, db)
 		// A rule that version 2 did not have.
 		refusedWith(t, tg, db, "SF004", cluster.ErrLeaseDeleted, "UPDATE "+tg.Prefix+"lease SET name = 'renamed'")
 		if tg.Dialect == cluster.MySQL {
 			var old int
-			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE ?",
+			if err := db.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE ?",
 				tg.Prefix+"%guard%").Scan(&old); err != nil || old != 0 {
 				t.Fatalf("%d version-2 triggers remain (%v)", old, err)
 			}
@@ -67,49 +44,14 @@ func TestSchemaUpgradeFromVersion3(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		db := tg.Open(t)
-		src, err := os.ReadFile("testdata/schema_v3/" + string(tg.Dialect) + ".sql")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				t.Fatalf("version 3 DDL: %v\n%s", err, stmt)
-			}
-		}
-		for _, q := range []string{
-			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (3, 0)",
-			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
-		} {
-			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
+		createAtVersion(t, tg, db, 3, oldLease(tg))
 		if tg.Dialect == cluster.Postgres {
 			var n int
 			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_proc WHERE proname = $1 AND pronamespace = current_schema()::regnamespace", tg.Prefix+"acquire").Scan(&n); err != nil || n != 0 {
 				t.Fatalf("version 3 has %d acquire functions (%v); want none", n, err)
 			}
 		}
-
-		a := start(t, tg, "a")
-		if got := a.FencingToken(); got != 8 {
-			t.Fatalf("first term after the upgrade has token %d, want 8", got)
-		}
-		var version int
-		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
-			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
-		}
-		// b is up before a resigns: started after, it could take longer to
-		// start than a's hold-off lasts (it did once in CI, on SQLite under
-		// -race), and a would lead again.
-		b := start(t, tg, "b")
-		if err := a.Resign(ctx); err != nil {
-			t.Fatalf("release after the upgrade: %v", err)
-		}
-		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
-		if got := b.FencingToken(); got != 9 {
-			t.Fatalf("b's term after a's has token %d, want 9", got)
-		}
+		handsOffAfterUpgrade(t, tg, startUpgraded(t, tg, db))
 	})
 }
 
@@ -123,47 +65,16 @@ func TestSchemaUpgradeFromVersion4(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		db := tg.Open(t)
-		src, err := os.ReadFile("testdata/schema_v4/" + string(tg.Dialect) + ".sql")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				t.Fatalf("version 4 DDL: %v\n%s", err, stmt)
-			}
-		}
-		for _, q := range []string{
-			"INSERT INTO " + tg.Prefix + "schema_version (version, applied_at) VALUES (4, 0)",
-			"INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')",
-			"INSERT INTO " + tg.Prefix + "nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('other', 'i', 'old', 'h', 1, '', 0, 0, 'active')",
-		} {
-			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-
-		a := start(t, tg, "a")
-		if got := a.FencingToken(); got != 8 {
-			t.Fatalf("first term after the upgrade has token %d, want 8", got)
-		}
-		var version int
-		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
-			t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
-		}
+		createAtVersion(t, tg, db, 4, oldLease(tg),
+			"INSERT INTO "+tg.Prefix+"nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('other', 'i', 'old', 'h', 1, '', 0, 0, 'active')")
+		a := startUpgraded(t, tg, db)
 		if tg.Dialect == cluster.Postgres {
 			var hears int
 			if err := db.QueryRowContext(ctx, "SELECT hears_releases FROM "+tg.Prefix+"nodes WHERE scope = 'other' AND instance = 'i'").Scan(&hears); err != nil || hears != 0 {
 				t.Fatalf("hears_releases of a member from before the upgrade = %d (%v), want 0", hears, err)
 			}
 		}
-		b := start(t, tg, "b")
-		if err := a.Resign(ctx); err != nil {
-			t.Fatalf("release after the upgrade: %v", err)
-		}
-		waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
-		if got := b.FencingToken(); got != 9 {
-			t.Fatalf("b's term after a's has token %d, want 9", got)
-		}
+		handsOffAfterUpgrade(t, tg, a)
 	})
 }
 
@@ -177,18 +88,7 @@ func TestSchemaUpgradeLeavesMembersUnlocked(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
 	db := tg.Open(t)
-	src, err := os.ReadFile("testdata/schema_v4/postgres.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatalf("version 4 DDL: %v\n%s", err, stmt)
-		}
-	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"schema_version (version, applied_at) VALUES (4, 0)"); err != nil {
-		t.Fatal(err)
-	}
+	createAtVersion(t, tg, db, 4)
 	start(t, tg, "a") // upgrades
 	var has bool
 	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'hears_releases' AND NOT attisdropped)", tg.Prefix+"nodes").Scan(&has); err != nil || !has {
@@ -229,5 +129,65 @@ func TestSchemaUpgradeLeavesMembersUnlocked(t *testing.T) {
 		if m != "AccessShareLock" {
 			t.Fatalf("the schema transaction holds %v on the members table; want at most AccessShareLock", modes)
 		}
+	}
+}
+
+// createAtVersion creates the cluster tables of schema version v in db,
+// from testdata/schema_v<v>, records v, and runs each of rows.
+func createAtVersion(t *testing.T, tg testdb.Target, db *sql.DB, v int, rows ...string) {
+	t.Helper()
+	ctx := context.Background()
+	src, err := os.ReadFile(fmt.Sprintf("testdata/schema_v%d/%s.sql", v, tg.Dialect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range splitSQL(strings.ReplaceAll(string(src), "{{prefix}}", tg.Prefix)) {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("version %d DDL: %v\n%s", v, err, stmt)
+		}
+	}
+	rows = append([]string{fmt.Sprintf("INSERT INTO %sschema_version (version, applied_at) VALUES (%d, 0)", tg.Prefix, v)}, rows...)
+	for _, q := range rows {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// oldLease is a lease row of the old version: held by no node, expired,
+// at token 7.
+func oldLease(tg testdb.Target) string {
+	return "INSERT INTO " + tg.Prefix + "lease (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'old', 'i', 7, 0, 0, 0, '')"
+}
+
+// startUpgraded starts node a, which upgrades the tables, and checks that
+// its term goes on from oldLease's token and that this build's version is
+// recorded.
+func startUpgraded(t *testing.T, tg testdb.Target, db *sql.DB) *node {
+	t.Helper()
+	a := start(t, tg, "a")
+	if got := a.FencingToken(); got != 8 {
+		t.Fatalf("first term after the upgrade has token %d, want 8", got)
+	}
+	var version int
+	if err := db.QueryRowContext(context.Background(), "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+		t.Fatalf("schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+	}
+	return a
+}
+
+// handsOffAfterUpgrade checks that a, leading after the upgrade, hands
+// the lease to b by Resign, under the next token. b is up before a
+// resigns: started after, it could take longer to start than a's hold-off
+// lasts (it did once in CI, on SQLite under -race), and a would lead again.
+func handsOffAfterUpgrade(t *testing.T, tg testdb.Target, a *node) {
+	t.Helper()
+	b := start(t, tg, "b")
+	if err := a.Resign(context.Background()); err != nil {
+		t.Fatalf("release after the upgrade: %v", err)
+	}
+	waitFor(t, 5*time.Second, "b to lead after a resigned", b.IsLeader)
+	if got := b.FencingToken(); got != 9 {
+		t.Fatalf("b's term after a's has token %d, want 9", got)
 	}
 }
