@@ -242,7 +242,9 @@ func (p *DBProvider) announceTaken(name string, l Lease) {
 // heard through memory, and on PostgreSQL, when the Pool is a
 // [ListenPool], releases by other processes through LISTEN on channel
 // <prefix>lease (the release statement NOTIFYs it), reconnecting after a
-// failure while ctx lasts. A release names one successor, which is woken at
+// failure while ctx lasts. The watchers of one process on one database
+// and table prefix share one LISTEN, held by the pool of one of them and
+// by another's when that one stops. A release names one successor, which is woken at
 // once; others are woken successorLead to twice that later (in this
 // process, localFallbacks of them), so that they find the successor's
 // term rather than wait on its row.
@@ -284,7 +286,7 @@ type watchHooks struct {
 func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h watchHooks) error {
 	d := designated(instance, h.wake)
 	defer d.stop()
-	hear, live := d.hear, h.live
+	hear := d.hear
 	if key := p.releaseKey(name); key != "" {
 		w := &localWaiter{instance: instance, d: d, learn: h.learn, taken: h.taken, ready: h.ready}
 		localReleases.Lock()
@@ -310,67 +312,125 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		<-ctx.Done()
 		return nil
 	}
-	channel := p.prefix + "lease"
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		// A release sends two payloads in a row (schema/postgres_queries.sql):
-		// the lease name, a newline and the successor's instance; then the
-		// name alone, which older nodes act on. The name alone after a
-		// named one is its companion; without one, an older node released.
-		// A grant sends the name, a tab and the new holder's instance.
-		named := false
-		listen := func(ctx context.Context, channel string, ready func(Querier), notify func(string, Querier)) error {
-			return lp.Listen(ctx, channel, func() { ready(nil) }, func(payload string) { notify(payload, nil) })
+	// A release sends two payloads in a row (schema/postgres_queries.sql):
+	// the lease name, a newline and the successor's instance; then the
+	// name alone, which older nodes act on. The name alone after a named
+	// one is its companion; without one, an older node released. A grant
+	// sends the name, a tab and the new holder's instance.
+	named, session := false, uint64(0)
+	sub := &listenSub{p: p, lp: lp, live: h.live}
+	sub.handle = func(ctx context.Context, payload string, sess uint64, conn Querier) (after func()) {
+		if sess != session {
+			named, session = false, sess // a new LISTEN session: no companion pending
 		}
-		if lcp, ok := lp.(ListenConnPool); ok {
-			listen = lcp.ListenConn
+		if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
+			if lease == name && holder != instance {
+				// Granted: a wake still pending would only be refused. No
+				// quiet time, as a grant in this process sets: by LISTEN a
+				// grant comes after the release it follows (commit order);
+				// the copy of a release made in this process can come
+				// later, and then arms a wake that makes one refused
+				// attempt. A quiet time could not be ended by the holder's
+				// own release, as a release heard by LISTEN does not say
+				// who made it.
+				d.stop()
+				if h.taken != nil {
+					h.taken(holder)
+				}
+			}
+			return nil
 		}
-		err := listen(ctx, channel, func(conn Querier) {
-			if w, ok := p.d.(listenWarmer); ok && conn != nil && p.mayWarm(ctx) {
-				// The session the successor's attempt will run on: prepare
-				// and plan its statement now.
-				wctx, cancel := context.WithTimeout(ctx, warmBudget)
-				if err := w.warmListener(wctx, conn); err != nil {
-					p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
-					p.log.DebugContext(ctx, "cluster: warming the listening session failed", "err", err)
-				}
-				cancel()
+		lease, successor, ok := strings.Cut(payload, "\n") // nor a newline (Config.LeaseName)
+		switch {
+		case lease != name:
+		case ok:
+			named = true
+			if successor == instance && conn != nil {
+				return func() { p.lendListener(ctx, conn, name, instance, func() { hear(successor) }) }
 			}
-			live(true)
-		}, func(payload string, conn Querier) {
-			if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
-				if lease == name && holder != instance {
-					// Granted: a wake still pending would only be refused. No
-					// quiet time, as a grant in this process sets: by LISTEN a
-					// grant comes after the release it follows (commit order);
-					// the copy of a release made in this process can come
-					// later, and then arms a wake that makes one refused
-					// attempt. A quiet time could not be ended by the holder's
-					// own release, as a release heard by LISTEN does not say
-					// who made it.
-					d.stop()
-					if h.taken != nil {
-						h.taken(holder)
-					}
-				}
-				return
+			hear(successor)
+		case named:
+			named = false
+		default:
+			hear("")
+		}
+		return nil
+	}
+	return p.listenShared(ctx, p.prefix+"lease", sub)
+}
+
+// One LISTEN per process: the watchers of this process that hear the
+// releases of one database and table prefix share one listening
+// connection, taken from the pool of one of them (the owner), and each is
+// handed every notification. PostgreSQL before 19 wakes every listening
+// session of the database at each NOTIFY, whatever its channel, and each
+// woken session then wakes its process: with a listening connection per
+// watcher, a release among three members of one process woke three
+// server processes beside the releasing one, and the handoff took about
+// 2 ms longer than with none (BENCHMARKS.md). When the owner stops or its
+// connection fails, another watcher's pool listens.
+var listenGroups = struct {
+	sync.Mutex
+	m map[string]*listenGroup
+}{m: map[string]*listenGroup{}}
+
+// A listenGroup is the watchers that share one LISTEN.
+type listenGroup struct {
+	key     string // in listenGroups; "" for a group of one outside it
+	mu      sync.Mutex
+	subs    map[*listenSub]struct{}
+	owner   *listenSub    // whose pool listens; nil when none does
+	vacant  chan struct{} // closed when the owner stops listening
+	session uint64        // counts the LISTEN sessions begun
+
+	liveMu sync.Mutex // orders the calls of the watchers' live hooks
+	live   bool       // the owner's LISTEN hears
+}
+
+// A listenSub is one watcher of a listenGroup.
+type listenSub struct {
+	p  *DBProvider
+	lp ListenPool
+	// handle is told each notification, the LISTEN session it came on, and
+	// the listening connection when it is this watcher's provider's (it
+	// may then be lent to an attempt, by the function handle returns,
+	// which runs once every watcher has been told).
+	handle func(ctx context.Context, payload string, session uint64, conn Querier) (after func())
+	live   func(bool)
+
+	mu   sync.Mutex // held while handle runs
+	gone bool       // it left the group: handle is not called again
+}
+
+// listenShared runs sub's share of the LISTEN on channel until ctx is
+// done: it listens through its own pool while no other watcher of the
+// group does, and otherwise waits for that one to stop.
+func (p *DBProvider) listenShared(ctx context.Context, channel string, sub *listenSub) error {
+	g := joinListen(p.listenKey(channel), sub)
+	defer g.leave(sub)
+	for backoff := 100 * time.Millisecond; ; {
+		g.mu.Lock()
+		if g.owner != nil {
+			vacant := g.vacant
+			g.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-vacant:
+				continue
 			}
-			lease, successor, ok := strings.Cut(payload, "\n") // nor a newline (Config.LeaseName)
-			switch {
-			case lease != name:
-			case ok:
-				named = true
-				if successor == instance && conn != nil {
-					p.lendListener(ctx, conn, name, instance, func() { hear(successor) })
-				} else {
-					hear(successor)
-				}
-			case named:
-				named = false
-			default:
-				hear("")
-			}
-		})
-		live(false)
+		}
+		g.owner = sub
+		g.session++
+		session := g.session
+		g.mu.Unlock()
+		err := p.listenFor(ctx, g, sub, channel, session)
+		g.setLive(false)
+		g.mu.Lock()
+		g.owner = nil
+		close(g.vacant)
+		g.vacant = make(chan struct{})
+		g.mu.Unlock()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -380,6 +440,129 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 			return nil
 		case <-time.After(backoff + rand.N(backoff/2)): // spread out, after a server restart
 		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// listenFor LISTENs on channel through sub's pool, the group's owner,
+// handing each notification to every watcher of g.
+func (p *DBProvider) listenFor(ctx context.Context, g *listenGroup, sub *listenSub, channel string, session uint64) error {
+	listen := func(ctx context.Context, channel string, ready func(Querier), notify func(string, Querier)) error {
+		return sub.lp.Listen(ctx, channel, func() { ready(nil) }, func(payload string) { notify(payload, nil) })
+	}
+	if lcp, ok := sub.lp.(ListenConnPool); ok {
+		listen = lcp.ListenConn
+	}
+	var subs []*listenSub
+	var afters []func()
+	return listen(ctx, channel, func(conn Querier) {
+		if w, ok := p.d.(listenWarmer); ok && conn != nil && p.mayWarm(ctx) {
+			// The session the successor's attempt will run on: prepare
+			// and plan its statement now.
+			wctx, cancel := context.WithTimeout(ctx, warmBudget)
+			if err := w.warmListener(wctx, conn); err != nil {
+				p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
+				p.log.DebugContext(ctx, "cluster: warming the listening session failed", "err", err)
+			}
+			cancel()
+		}
+		g.setLive(true)
+	}, func(payload string, conn Querier) {
+		subs = g.members(subs[:0])
+		afters = afters[:0]
+		for _, s := range subs {
+			lend := conn
+			if s.p != p {
+				lend = nil // another pool's attempt runs on a connection of its own
+			}
+			s.mu.Lock()
+			if !s.gone {
+				if after := s.handle(ctx, payload, session, lend); after != nil {
+					afters = append(afters, after)
+				}
+			}
+			s.mu.Unlock()
+		}
+		for _, after := range afters {
+			after()
+		}
+	})
+}
+
+// listenKey names the LISTEN on channel in p's database; "" when the
+// database could not be named (then p's watcher listens alone).
+func (p *DBProvider) listenKey(channel string) string {
+	if p.identity == "" {
+		return ""
+	}
+	return p.identity + "\x00" + channel
+}
+
+// joinListen adds sub to the group of key (a group of its own for key ""),
+// telling it at once that it hears if the group does.
+func joinListen(key string, sub *listenSub) *listenGroup {
+	listenGroups.Lock()
+	g := listenGroups.m[key]
+	if g == nil {
+		g = &listenGroup{key: key, subs: map[*listenSub]struct{}{}, vacant: make(chan struct{})}
+		if key != "" {
+			listenGroups.m[key] = g
+		}
+	}
+	g.mu.Lock()
+	g.subs[sub] = struct{}{}
+	g.mu.Unlock()
+	listenGroups.Unlock()
+	g.liveMu.Lock()
+	defer g.liveMu.Unlock()
+	if g.live {
+		sub.live(true)
+	}
+	return g
+}
+
+// leave removes sub from g, dropping g once it has no watcher.
+func (g *listenGroup) leave(sub *listenSub) {
+	sub.mu.Lock()
+	sub.gone = true // its watcher is ending: nothing may wake it after
+	sub.mu.Unlock()
+	listenGroups.Lock()
+	g.mu.Lock()
+	delete(g.subs, sub)
+	empty := len(g.subs) == 0
+	g.mu.Unlock()
+	if empty && g.key != "" {
+		delete(listenGroups.m, g.key)
+	}
+	listenGroups.Unlock()
+	g.liveMu.Lock()
+	defer g.liveMu.Unlock()
+	if g.live {
+		sub.live(false)
+	}
+}
+
+// members appends g's watchers to buf.
+func (g *listenGroup) members(buf []*listenSub) []*listenSub {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for s := range g.subs {
+		buf = append(buf, s)
+	}
+	return buf
+}
+
+// setLive records whether the group's LISTEN hears and tells its watchers
+// when that changes.
+func (g *listenGroup) setLive(on bool) {
+	g.liveMu.Lock()
+	defer g.liveMu.Unlock()
+	if g.live == on {
+		return
+	}
+	g.live = on
+	for _, s := range g.members(nil) {
+		s.live(on)
 	}
 }
 
