@@ -276,6 +276,10 @@ type watchHooks struct {
 	// listen false hears releases in this process only
 	// (Config.PollOnly), never through LISTEN.
 	listen bool
+	// mayOwn, if not nil, reports whether this watcher's pool may hold
+	// the LISTEN its process shares: not once its node is stopping, whose
+	// pool is about to go.
+	mayOwn func() bool
 }
 
 // watchNamed is WatchReleases, telling h.wake whether the release named
@@ -318,7 +322,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 	// one is its companion; without one, an older node released. A grant
 	// sends the name, a tab and the new holder's instance.
 	named, session := false, uint64(0)
-	sub := &listenSub{p: p, lp: lp, live: h.live}
+	sub := &listenSub{p: p, lp: lp, live: h.live, mayOwn: h.mayOwn}
 	sub.handle = func(ctx context.Context, payload string, sess uint64, conn Querier) (after func()) {
 		if sess != session {
 			named, session = false, sess // a new LISTEN session: no companion pending
@@ -346,7 +350,15 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		case ok:
 			named = true
 			if successor == instance && conn != nil {
-				return func() { p.lendListener(ctx, conn, name, instance, func() { hear(successor) }) }
+				return func() {
+					p.lendListener(ctx, conn, name, instance, func() {
+						sub.mu.Lock() // not once its watcher has returned
+						defer sub.mu.Unlock()
+						if !sub.gone {
+							hear(successor)
+						}
+					})
+				}
 			}
 			hear(successor)
 		case named:
@@ -368,7 +380,11 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 // watcher, a release among three members of one process woke three
 // server processes beside the releasing one, and the handoff took about
 // 2 ms longer than with none (BENCHMARKS.md). When the owner stops or its
-// connection fails, another watcher's pool listens.
+// connection fails, another watcher's pool listens (not the pool of a
+// node that is stopping). A watcher's wake and live are then called on
+// the owner's goroutine, one watcher after another: a lent listening
+// connection holds the notifications of every watcher until the attempt
+// is done with it, as it holds the successor's own.
 var listenGroups = struct {
 	sync.Mutex
 	m map[string]*listenGroup
@@ -397,6 +413,8 @@ type listenSub struct {
 	// which runs once every watcher has been told).
 	handle func(ctx context.Context, payload string, session uint64, conn Querier) (after func())
 	live   func(bool)
+	mayOwn func() bool // nil: always
+	told   bool        // live(true) was its last call; under the group's liveMu
 
 	mu   sync.Mutex // held while handle runs
 	gone bool       // it left the group: handle is not called again
@@ -410,7 +428,7 @@ func (p *DBProvider) listenShared(ctx context.Context, channel string, sub *list
 	defer g.leave(sub)
 	for backoff := 100 * time.Millisecond; ; {
 		g.mu.Lock()
-		if g.owner != nil {
+		if g.owner != nil || sub.mayOwn != nil && !sub.mayOwn() {
 			vacant := g.vacant
 			g.mu.Unlock()
 			select {
@@ -453,9 +471,18 @@ func (p *DBProvider) listenFor(ctx context.Context, g *listenGroup, sub *listenS
 	if lcp, ok := sub.lp.(ListenConnPool); ok {
 		listen = lcp.ListenConn
 	}
+	// A pool that cannot give a connection (exhausted, or its server
+	// unreachable without an error) would leave the whole group deaf: the
+	// LISTEN must be ready within listenReadyWithin, or another pool tries.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watchdog := time.AfterFunc(listenReadyWithin, cancel)
+	defer watchdog.Stop()
 	var subs []*listenSub
 	var afters []func()
-	return listen(ctx, channel, func(conn Querier) {
+	err := listen(lctx, channel, func(conn Querier) {
+		watchdog.Stop()
+		ctx := lctx
 		if w, ok := p.d.(listenWarmer); ok && conn != nil && p.mayWarm(ctx) {
 			// The session the successor's attempt will run on: prepare
 			// and plan its statement now.
@@ -477,7 +504,7 @@ func (p *DBProvider) listenFor(ctx context.Context, g *listenGroup, sub *listenS
 			}
 			s.mu.Lock()
 			if !s.gone {
-				if after := s.handle(ctx, payload, session, lend); after != nil {
+				if after := s.handle(lctx, payload, session, lend); after != nil {
 					afters = append(afters, after)
 				}
 			}
@@ -487,7 +514,15 @@ func (p *DBProvider) listenFor(ctx context.Context, g *listenGroup, sub *listenS
 			after()
 		}
 	})
+	if err == nil && ctx.Err() == nil {
+		err = fmt.Errorf("cluster: LISTEN %s: no listening connection within %v", channel, listenReadyWithin)
+	}
+	return err
 }
+
+// listenReadyWithin bounds how long a pool may take to LISTEN for its
+// process. A variable for the tests.
+var listenReadyWithin = 5 * time.Second
 
 // listenKey names the LISTEN on channel in p's database; "" when the
 // database could not be named (then p's watcher listens alone).
@@ -515,8 +550,9 @@ func joinListen(key string, sub *listenSub) *listenGroup {
 	listenGroups.Unlock()
 	g.liveMu.Lock()
 	defer g.liveMu.Unlock()
-	if g.live {
+	if g.live && !sub.told {
 		sub.live(true)
+		sub.told = true
 	}
 	return g
 }
@@ -537,8 +573,9 @@ func (g *listenGroup) leave(sub *listenSub) {
 	listenGroups.Unlock()
 	g.liveMu.Lock()
 	defer g.liveMu.Unlock()
-	if g.live {
+	if sub.told {
 		sub.live(false)
+		sub.told = false
 	}
 }
 
@@ -562,7 +599,10 @@ func (g *listenGroup) setLive(on bool) {
 	}
 	g.live = on
 	for _, s := range g.members(nil) {
-		s.live(on)
+		if s.told != on {
+			s.live(on)
+			s.told = on
+		}
 	}
 }
 
@@ -734,26 +774,34 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			soon.Stop()
 		}
 	}()
+	// wakeSoon wakes the node within half a heartbeat, at a random time:
+	// the watchers of one process share one LISTEN (wake.go) and all hear
+	// it start, or stop, at once.
+	wakeSoon := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		d := rand.N(c.cfg.HeartbeatInterval/2 + 1)
+		if soon == nil {
+			soon = time.AfterFunc(d, wake)
+		} else {
+			soon.Reset(d)
+		}
+	}
 	live := func(on bool) {
 		was := c.hearing.Swap(on)
 		switch {
 		case was && !on:
-			wake() // a follower sleeping until the lease's expiry polls again now
+			wakeSoon() // a follower sleeping until the lease's expiry polls again
 		case on && !was:
 			if _, std := w.(*DBProvider); std {
-				// On the watcher goroutine, counted in wg (another
-				// provider's WatchReleases may call live from one that is
-				// not; then the heartbeat records it).
+				// On the goroutine of the LISTEN this node's process
+				// shares (its own watcher's or another node's), while its
+				// watcher goroutine, counted in wg, has not returned
+				// (another provider's WatchReleases may call live from
+				// one that is not counted; then the heartbeat records it).
 				c.markHearingLater(ctx) // a release may name this node now
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			d := rand.N(c.cfg.HeartbeatInterval/2 + 1)
-			if soon == nil {
-				soon = time.AfterFunc(d, wake)
-			} else {
-				soon.Reset(d)
-			}
+			wakeSoon()
 		}
 	}
 	var err error
@@ -799,7 +847,8 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			case c.succeeded <- struct{}{}:
 			default:
 			}
-		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly})
+		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly,
+			mayOwn: func() bool { return !c.down.Load() }})
 	} else {
 		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)

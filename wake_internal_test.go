@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -311,4 +312,79 @@ func TestLendListener(t *testing.T) {
 		t.Error("a second listener waited to lend while the first's offer stood")
 	}
 	<-returned1
+}
+
+// stuckListen is a ListenPool that never gets a listening connection
+// (an exhausted pool, a server that drops packets): its Listen waits for
+// ctx, and counts its calls.
+type stuckListen struct {
+	Pool
+	calls atomic.Int32
+}
+
+func (s *stuckListen) Listen(ctx context.Context, _ string, _ func(), _ func(string)) error {
+	s.calls.Add(1)
+	<-ctx.Done()
+	return nil
+}
+
+// The watchers of one process on one database share one LISTEN. When the
+// pool that holds it cannot give it a connection, another's takes over
+// within listenReadyWithin, and both watchers hear through it; a watcher
+// whose node is stopping (mayOwn false) never takes it over.
+func TestSharedListenFailsOver(t *testing.T) {
+	defer func(d time.Duration) { listenReadyWithin = d }(listenReadyWithin)
+	listenReadyWithin = 100 * time.Millisecond
+	stuck := &stuckListen{}
+	feed := &listenFeed{payloads: make(chan string)}
+	stopping := &stuckListen{}
+	providers := []*DBProvider{
+		{identity: "test-db", prefix: "wake_", d: &postgres{}, pool: stuck},
+		{identity: "test-db", prefix: "wake_", d: &postgres{}, pool: feed},
+		{identity: "test-db", prefix: "wake_", d: &postgres{}, pool: stopping},
+	}
+	for _, p := range providers {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var hearing [3]atomic.Bool
+	woken := make(chan int, 8)
+	start := func(i int) {
+		wg.Go(func() {
+			providers[i].watchNamed(ctx, "lease", fmt.Sprint(i), watchHooks{
+				wake:   func(bool) { woken <- i },
+				live:   func(on bool) { hearing[i].Store(on) },
+				listen: true,
+				mayOwn: func() bool { return i != 2 },
+			})
+		})
+	}
+	start(0) // its pool takes the LISTEN first, and gets stuck
+	for stuck.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	start(2) // stopping: never listens
+	start(1)
+	deadline := time.Now().Add(5 * time.Second)
+	for !hearing[0].Load() || !hearing[1].Load() || !hearing[2].Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("hearing %v %v %v after 5s; want all three through the second pool's LISTEN", hearing[0].Load(), hearing[1].Load(), hearing[2].Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	feed.payloads <- "lease" // a release that names no one: all wake at once
+	got := map[int]bool{}
+	for len(got) < 3 {
+		select {
+		case i := <-woken:
+			got[i] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("woken %v; want all three", got)
+		}
+	}
+	if n := stopping.calls.Load(); n != 0 {
+		t.Errorf("the stopping watcher's pool was asked to LISTEN %d times", n)
+	}
 }

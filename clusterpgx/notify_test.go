@@ -818,15 +818,17 @@ func TestClustersOfOneProcessShareOneListen(t *testing.T) {
 		logs[id] = &connLog{}
 		nodes[id] = node(t, tg, tracedPool(t, tg, logs[id]), id, longPoll)
 	}
-	listens := func() (n int, owner string) {
+	// listens counts the LISTEN statements of each member's pool.
+	listens := func() (n int, by map[string]int) {
+		by = map[string]int{}
 		for _, id := range ids {
 			for _, s := range logs[id].all() {
 				if strings.HasPrefix(s.sql, "LISTEN ") {
-					n, owner = n+1, id
+					n, by[id] = n+1, by[id]+1
 				}
 			}
 		}
-		return n, owner
+		return n, by
 	}
 	hearing := func(ids ...string) func() bool {
 		return func() bool {
@@ -839,9 +841,13 @@ func TestClustersOfOneProcessShareOneListen(t *testing.T) {
 		}
 	}
 	waitFor(t, 3*time.Second, "a, b and c to hear releases", hearing(ids...))
-	n, owner := listens()
+	n, by := listens()
 	if n != 1 {
 		t.Fatalf("%d LISTEN statements from the three members' pools, want one shared", n)
+	}
+	var owner string
+	for id := range by {
+		owner = id
 	}
 	t.Logf("%s's pool listens for a, b and c", owner)
 	time.Sleep(100 * time.Millisecond) // let the first attempts, made at start, land
@@ -892,15 +898,40 @@ func TestClustersOfOneProcessShareOneListen(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "another member's pool to LISTEN", func() bool { n, _ := listens(); return n == 2 })
 	waitFor(t, 3*time.Second, "the two left to hear releases", hearing(rest...))
-	_, next := listens()
-	if next == owner {
-		t.Fatalf("the LISTEN after %s stopped came from its own pool", owner)
+	_, by = listens()
+	if by[owner] != 1 {
+		t.Fatalf("%s's pool, stopped, ran %d LISTEN statements", owner, by[owner])
+	}
+	var next, other string
+	for _, id := range rest {
+		if by[id] == 1 {
+			next = id
+		} else {
+			other = id
+		}
 	}
 	t.Logf("%s's pool listens after %s stopped", next, owner)
 	waitFor(t, 3*time.Second, "one of the two to lead", func() bool { return nodes[rest[0]].IsLeader() || nodes[rest[1]].IsLeader() })
 	for range 2 {
 		takeOver(rest...)
 	}
+	// A release that names the member whose pool does not listen: it
+	// hears that it is named through the other's LISTEN and takes over.
+	if !nodes[next].IsLeader() {
+		takeOver(rest...)
+	}
+	if !nodes[next].IsLeader() {
+		t.Fatalf("%s does not lead after a take-over from %s", next, other)
+	}
+	var successor string
+	if err := admin.QueryRow(ctx, "SELECT COALESCE((SELECT node_id FROM "+tg.Prefix+"nodes n WHERE n.instance = r.successor), '') FROM "+tg.Prefix+"release($1, NULL, NULL, NULL) r", "leader").Scan(&successor); err != nil {
+		t.Fatal(err)
+	}
+	if successor != other {
+		t.Fatalf("the release named %q, want %s, the only other member", successor, other)
+	}
+	took := waitFor(t, time.Second, other+", named, to take over", nodes[other].IsLeader)
+	t.Logf("%s, named, took over %v after the release", other, took.Round(time.Millisecond))
 	if n, _ := listens(); n != 2 {
 		t.Errorf("%d LISTEN statements in all, want two: the first owner's and its replacement's", n)
 	}

@@ -332,8 +332,12 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
 
 -- name: store_identity
 -- args: none. Names the database, so nodes in one process that reach it
--- through different pools wake each other on a release.
-SELECT current_database() || '@' || COALESCE(host(inet_server_addr()), 'local') || ':' || COALESCE(inet_server_port(), 0)::text;
+-- through different pools wake each other on a release and share one
+-- LISTEN. The server's start time and port setting tell apart servers that
+-- the address alone does not (two servers on one host's Unix sockets, two
+-- containers with the same address on different hosts).
+SELECT current_database() || '@' || COALESCE(host(inet_server_addr()), 'local') || ':' || COALESCE(inet_server_port(), 0)::text
+       || '/' || current_setting('port') || '/' || pg_postmaster_start_time()::text;
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
 -- scope, lane. Reads a lane without locking it, and what its fair share is
