@@ -226,6 +226,11 @@ type Member struct {
 	Live bool `json:"live"`
 	// Leader reports the member whose term the lease row names, unexpired.
 	Leader bool `json:"leader"`
+	// HearsReleases reports, on PostgreSQL, a candidate that recorded that
+	// it hears releases by LISTEN: only such a member is named successor
+	// by a release. Always false on MySQL and SQLite, whose releases name
+	// no one, and for a RoleFollower or a node that polls.
+	HearsReleases bool `json:"hearsReleases"`
 }
 
 // A ChainTip is the recorded tip of a chain.

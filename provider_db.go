@@ -814,12 +814,12 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 	var out []Member
 	for rows.next() {
 		var m Member
-		var pid, started, seen, leads, now int64
-		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now); err != nil {
+		var pid, started, seen, leads, now, hears int64
+		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now, &hears); err != nil {
 			rows.close()
 			return nil, p.wrap("read members", err)
 		}
-		m.PID, m.Leader = int(pid), leads == 1
+		m.PID, m.Leader, m.HearsReleases = int(pid), leads == 1, hears == 1
 		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
 		m.SeenAgo = time.Duration(max(now-seen, 0)) * time.Millisecond
 		m.Live = m.Status == "active" && m.SeenAgo < timeout

@@ -67,6 +67,15 @@ func TestSchemaUpgradeFromVersion4(t *testing.T) {
 		db := tg.Open(t)
 		createAtVersion(t, tg, db, 4, oldLease(tg),
 			"INSERT INTO "+tg.Prefix+"nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('other', 'i', 'old', 'h', 1, '', 0, 0, 'active')")
+		// An operator's tool of this build lists the members of tables
+		// not yet upgraded (no hears_releases column on PostgreSQL).
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms, err := p.Members(ctx, "other", time.Minute); err != nil || len(ms) != 1 || ms[0].NodeID != "old" || ms[0].HearsReleases {
+			t.Fatalf("members of version-4 tables = %+v, %v; want node old, not hearing", ms, err)
+		}
 		a := startUpgraded(t, tg, db)
 		if tg.Dialect == cluster.Postgres {
 			var hears int

@@ -779,6 +779,16 @@ func TestReleaseNamesOnlyMembersThatHear(t *testing.T) {
 			t.Fatalf("%s, which does not hear releases, has hears_releases %d", id, v)
 		}
 	}
+	// Members reports it (clusterctl's LISTENS column).
+	ms, err := nodes["f"].Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if want := m.NodeID == "a" || m.NodeID == "b"; m.HearsReleases != want {
+			t.Errorf("Members: %s HearsReleases = %v, want %v", m.NodeID, m.HearsReleases, want)
+		}
+	}
 	// p gives the lease up, so that the holder a release excludes is not
 	// one of the two that must not be named.
 	if err := nodes["p"].Resign(ctx); err != nil {

@@ -269,11 +269,13 @@ WHERE scope = ? AND instance = ?;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now. The
--- lease row decides who leads: at most one member does.
+-- last seen, status, leads (the lease row names it, unexpired), now,
+-- hears releases (always 0: releases here name no successor). The lease
+-- row decides who leads: at most one member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 THEN 1 ELSE 0 END,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
+       0
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = ?
 ORDER BY n.node_id, n.started_at;

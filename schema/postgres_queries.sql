@@ -298,11 +298,15 @@ WHERE scope = $1 AND instance = $2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now. The
--- lease row decides who leads: at most one member does.
+-- last seen, status, leads (the lease row names it, unexpired), now,
+-- hears releases (read through the row's JSON, so that clusterctl still
+-- lists the members of tables not yet upgraded to version 5, which lack
+-- the column: 0 there). The lease row decides who leads: at most one
+-- member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1 ELSE 0 END,
-       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+       COALESCE((to_jsonb(n) ->> 'hears_releases')::int, 0)
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = $1
 ORDER BY n.node_id, n.started_at;

@@ -179,11 +179,13 @@ WHERE scope = ?1 AND instance = ?2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now. The
--- lease row decides who leads: at most one member does.
+-- last seen, status, leads (the lease row names it, unexpired), now,
+-- hears releases (always 0: releases here name no successor). The lease
+-- row decides who leads: at most one member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) THEN 1 ELSE 0 END,
-       CAST(unixepoch('subsec') * 1000 AS INTEGER)
+       CAST(unixepoch('subsec') * 1000 AS INTEGER),
+       0
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = ?1
 ORDER BY n.node_id, n.started_at;
