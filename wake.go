@@ -482,14 +482,13 @@ func (p *DBProvider) listenFor(ctx context.Context, g *listenGroup, sub *listenS
 	var afters []func()
 	err := listen(lctx, channel, func(conn Querier) {
 		watchdog.Stop()
-		ctx := lctx
-		if w, ok := p.d.(listenWarmer); ok && conn != nil && p.mayWarm(ctx) {
+		if w, ok := p.d.(listenWarmer); ok && conn != nil && p.mayWarm(lctx) {
 			// The session the successor's attempt will run on: prepare
 			// and plan its statement now.
-			wctx, cancel := context.WithTimeout(ctx, warmBudget)
+			wctx, cancel := context.WithTimeout(lctx, warmBudget)
 			if err := w.warmListener(wctx, conn); err != nil {
 				p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
-				p.log.DebugContext(ctx, "cluster: warming the listening session failed", "err", err)
+				p.log.DebugContext(lctx, "cluster: warming the listening session failed", "err", err)
 			}
 			cancel()
 		}
