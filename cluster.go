@@ -143,7 +143,15 @@ func (c *Cluster) termMargin() time.Duration {
 // newTerm starts the term of lease l, whose attempt started at start.
 func (c *Cluster) newTerm(l Lease, start int64) *term {
 	t := &term{lease: l}
-	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
+	trust := c.cfg.FenceTimeout
+	if l.handed > 0 && l.handed < c.cfg.LeaseTTL {
+		// A term handed over by the predecessor's release: what was left
+		// of it by the database clock when this node read it, counted from
+		// before it asked, scaled as FenceTimeout is to LeaseTTL (the
+		// margin for clock-rate drift).
+		trust = time.Duration(float64(l.handed) * (float64(c.cfg.FenceTimeout) / float64(c.cfg.LeaseTTL)))
+	}
+	t.until.Store(monoAfter(start, trust))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.timer = time.AfterFunc(c.untilMargin(t), func() { c.expire(t) })
 	return t

@@ -239,6 +239,25 @@ type warmer interface {
 	warm(ctx context.Context, conn Querier) error
 }
 
+// A handingOver dialect's release statements hand the next term to the
+// successor they name when it takes handed-over terms (PostgreSQL's
+// hand_over): scanRelease reads their row, and adopt reads, for the
+// successor, the term it was handed.
+type handingOver interface {
+	scanRelease(sc Row) (releaseRow, error)
+	adopt(ctx context.Context, conn Querier, req LeaseRequest) (row, error)
+	passTerm() string
+}
+
+// releaseRow is a release statement's row on a handingOver dialect: the
+// instance whose term ended, the successor it named ("" for none), whether
+// it handed that one the next term, and the lease row after it.
+type releaseRow struct {
+	instance, successor, endpoint string
+	handed                        bool
+	token, expiresAt, now         int64
+}
+
 func (r *row) scan(s Row) error {
 	return s.Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 }

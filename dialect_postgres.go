@@ -28,6 +28,8 @@ type postgres struct {
 		Hears         string `sql:"node_hears"`       // scope, instance
 		UpgradeFirst  string `sql:"upgrade_first"`    // (none)
 		Poll          string `sql:"poll"`             // name, instance
+		Adopt         string `sql:"adopt"`            // name, holder, instance
+		PassTerm      string `sql:"pass_term"`        // name, holder, instance
 		pgLaneQueries
 	}
 }
@@ -47,8 +49,8 @@ func newPostgres(prefix string) dialect {
 // warmListener readies conn, a listening connection, for the attempt of a
 // named successor that it will run (ListenConnPool): in a transaction it
 // rolls back, the acquire statement grants a scratch lease twice (the
-// warm query's name and steps), so that pgx has prepared the statement
-// on the connection, as it does each statement it runs, and the session
+// warm query's name and steps), and the adopt query reads it, so that
+// pgx has prepared the statements on the connection, as it does each statement it runs, and the session
 // has planned the grant and compiled the triggers, as the warm query does
 // for the pool's sessions. No real lease is touched and nothing notifies
 // (a NOTIFY of a transaction rolled back is never sent).
@@ -57,9 +59,17 @@ func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
 		return err
 	}
 	var err error
+	scratch := LeaseRequest{Name: " sqlfence warm-up " + d.scratch}
 	for range 2 {
-		if _, _, err = d.acquire(ctx, conn, LeaseRequest{Name: " sqlfence warm-up " + d.scratch}); err != nil {
+		if _, _, err = d.acquire(ctx, conn, scratch); err != nil {
 			break
+		}
+	}
+	if err == nil {
+		// And the read of a handed-over term, which a successor named by
+		// a release in another process runs first.
+		if _, err = d.adopt(ctx, conn, scratch); errors.Is(err, sql.ErrNoRows) {
+			err = nil
 		}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -146,6 +156,26 @@ func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) 
 func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error) {
 	var r row
 	err := r.scan(conn.QueryRow(ctx, d.q.Poll, req.Name, req.Instance))
+	return r, err
+}
+
+// adopt reads the term a release handed req's instance (the adopt
+// query): sql.ErrNoRows when the lease row is not that instance's, or has
+// expired.
+func (d *postgres) adopt(ctx context.Context, conn Querier, req LeaseRequest) (row, error) {
+	var r row
+	err := r.scan(conn.QueryRow(ctx, d.q.Adopt, req.Name, req.Holder, req.Instance))
+	return r, err
+}
+
+// passTerm is the statement that ends a term handed to a successor that
+// cannot take it, handing over nothing (the pass_term query).
+func (d *postgres) passTerm() string { return d.q.PassTerm }
+
+// scanRelease reads the row of a release statement (hand_over).
+func (d *postgres) scanRelease(sc Row) (releaseRow, error) {
+	var r releaseRow
+	err := sc.Scan(&r.instance, &r.successor, &r.handed, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 	return r, err
 }
 

@@ -217,6 +217,9 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	var held *LeaseHeldError
 	switch {
 	case err == nil:
+		if l.handedFrom != 0 && l.handedFrom < start {
+			start = l.handedFrom // handed over in this process: trusted from the release
+		}
 		// Check the database before reporting leadership: a rolled-back
 		// database must not get a leader that writes on top of it.
 		if err := c.verifyAcquired(ctx, l, start); err != nil {
@@ -242,13 +245,20 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
 		c.emit(EventLeaseAcquired, l.FencingToken, "")
 		c.observe(observed{token: l.FencingToken}, c.cfg.NodeID, c.cfg.Endpoint)
+		if l.handed > 0 {
+			return 0 // a handed-over term lasts a fraction of a TTL: renew it now
+		}
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 
 	case errors.As(err, &held):
 		if held.Instance == c.instance {
-			// An earlier acquisition committed but its answer was lost. We
-			// cannot know when its term began, so we cannot trust it: end it
-			// and campaign again for a term of our own.
+			// An earlier acquisition committed but its answer was lost (or,
+			// on a provider that hands terms over, a term was handed to
+			// this node). The error does not say when the attempt that read
+			// it began, so the term cannot be trusted from here: end it and
+			// campaign again for a term of our own. (The default provider
+			// on PostgreSQL takes such a term up itself, trusting it from
+			// its attempt's start for what the database says is left.)
 			if c.release(ctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
 				return 0
 			}

@@ -61,6 +61,17 @@ type Lease struct {
 	// ExpiresAt is the expiry by the provider's clock. It is informational:
 	// a node's own belief in its leadership ends on its monotonic clock.
 	ExpiresAt time.Time
+
+	// handed, when not zero, is what was left of a term handed to this
+	// node by its predecessor's release (PostgreSQL), by the database
+	// clock, when the node read it: it trusts the term for that share of
+	// FenceTimeout, not a whole one, and renews it at once.
+	handed time.Duration
+	// handedFrom, when not zero, is the monotonic reading (mono) at which
+	// the release that handed the term over was sent, in this process: the
+	// term's trust counts from there, as the release's own read of the
+	// database clock came after it.
+	handedFrom int64
 }
 
 // Leader describes the node that holds the lease.

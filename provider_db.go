@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -60,6 +60,11 @@ type DBProvider struct {
 	// see lendListener.
 	lendMu sync.Mutex
 	offer  *lentConn
+	// named maps a lease name and instance (name, NUL, instance) to the
+	// unix time (ns) until which that instance's next attempt first reads
+	// the term a release of another process handed it (handingOver): set
+	// when the release's grant is heard; see Acquire.
+	named sync.Map
 }
 
 const (
@@ -333,6 +338,29 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		return Lease{}, err
 	}
 	defer release()
+	if _, ok := p.d.(handingOver); ok {
+		// A release handed this instance the term. Made in this process,
+		// it told what it granted (takeHanded: the next attempt, whatever
+		// it is, takes it); made in another, it notified the grant
+		// (wasNamed), and the term is read rather than asked for. The term
+		// is trusted for what is left of it (Lease.handed), counted from
+		// before the release, or this statement, was sent, as a grant's
+		// TTL is.
+		if l, ok := takeHanded(p.releaseKey(req.Name), req.Instance); ok {
+			l.Holder = req.Holder // the node id of the instance's membership row
+			p.announceTaken(req.Name, l)
+			return l, nil
+		}
+	}
+	if ho, ok := p.d.(handingOver); ok && !req.Poll && p.wasNamed(req) {
+		r, err := ho.adopt(ctx, conn, req)
+		switch {
+		case err == nil:
+			return p.adopted(req, r), nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return Lease{}, p.wrap("adopt the term of lease "+quote(req.Name)+" handed to this node", err)
+		}
+	}
 	if pl, ok := p.d.(poller); ok && req.Poll {
 		// A routine poll: read first, and attempt only if the lease is
 		// free, expired, or held by this very instance (an answer lost).
@@ -341,6 +369,8 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		case errors.Is(err, sql.ErrNoRows): // no lease row yet
 		case err != nil:
 			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+		case p.mayAdopt(req, r):
+			return p.adopted(req, r), nil
 		case r.expiresAt > r.now && r.instance != req.Instance:
 			return Lease{}, r.held()
 		}
@@ -352,8 +382,14 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		}
 		if granted {
 			l := r.lease(req.Name)
+			if _, ok := p.d.(handingOver); ok {
+				tookTerm(p.releaseKey(req.Name), req.Instance, l.FencingToken)
+			}
 			p.announceTaken(req.Name, l)
 			return l, nil
+		}
+		if p.mayAdopt(req, r) {
+			return p.adopted(req, r), nil
 		}
 		// Refused, yet the row read back is free: another node won a race
 		// and the statement saw the row from before its commit (PostgreSQL's
@@ -370,6 +406,50 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 			return Lease{}, r.held()
 		}
 	}
+}
+
+// mayAdopt reports whether r, the lease row an attempt of req read, is an
+// unexpired term of req's own instance that the node may take up: one a
+// release handed it, which it did not hear of before this attempt, or one
+// its own earlier attempt was granted when the answer was lost. Only where
+// releases hand terms over (handingOver); elsewhere such a term is
+// released and the node tries again.
+func (p *DBProvider) mayAdopt(req LeaseRequest, r row) bool {
+	_, ok := p.d.(handingOver)
+	return ok && r.expiresAt > r.now && r.instance == req.Instance && r.holder == req.Holder && r.token > 0
+}
+
+// adopted is the term of req's instance that r shows, taken up: trusted
+// for what is left of it by the database clock (Lease.handed), counted
+// from before the attempt that read it, and renewed at once.
+func (p *DBProvider) adopted(req LeaseRequest, r row) Lease {
+	l := r.lease(req.Name)
+	l.handed = max(time.Duration(r.expiresAt-r.now)*time.Millisecond, time.Millisecond)
+	tookTerm(p.releaseKey(req.Name), req.Instance, l.FencingToken)
+	p.announceTaken(req.Name, l)
+	return l
+}
+
+// handedShare is the share of its TTL, in percent, that a term handed
+// over lasts until its holder renews it: the releases' argument to the
+// function hand_over (schema/postgres_queries.sql).
+const handedShare = 33
+
+// namedFor is how long after a release handed an instance the term that
+// instance's attempt takes it up (takeHanded, wasNamed).
+const namedFor = time.Second
+
+// nameSuccessor records that a release in another process handed
+// instance the term of lease name (Acquire then reads it).
+func (p *DBProvider) nameSuccessor(name, instance string) {
+	p.named.Store(name+"\x00"+instance, time.Now().Add(namedFor).UnixNano())
+}
+
+// wasNamed reports, once, whether a release handed req's instance the
+// term of its lease within namedFor.
+func (p *DBProvider) wasNamed(req LeaseRequest) bool {
+	v, ok := p.named.LoadAndDelete(req.Name + "\x00" + req.Instance)
+	return ok && time.Now().UnixNano() < v.(int64)
 }
 
 // mayWarm reports whether a warm-up may run now on an attempt's connection
@@ -398,7 +478,7 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	if err != nil {
 		return l, p.wrap("renew lease "+quote(l.Name), err)
 	}
-	l.ExpiresAt = time.UnixMilli(expires)
+	l.ExpiresAt, l.handed = time.UnixMilli(expires), 0
 	if _, ok := p.d.(warmer); ok && p.mayWarm(ctx) {
 		if last, _ := p.releaseWarmed.Load(l.Name); last != l.FencingToken {
 			p.releaseWarmed.Store(l.Name, l.FencingToken)
@@ -419,8 +499,12 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 // what a release that ends no term never reaches. Best effort, like warm:
 // an error pauses warm-ups for a while and changes nothing else.
 func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
-	var instance, successor string
-	err := conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)).Scan(&instance, &successor)
+	var err error
+	if ho, ok := p.d.(handingOver); ok {
+		_, err = ho.scanRelease(conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)))
+	} else {
+		_, err = conn.Exec(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0))
+	}
 	if r, ok := p.d.(releaseRehearser); ok && (err == nil || errors.Is(err, sql.ErrNoRows)) {
 		err = r.rehearseRelease(ctx, conn)
 	}
@@ -472,22 +556,33 @@ func (p *DBProvider) release(ctx context.Context, name, instance, q string, args
 type released struct {
 	ended     bool   // a term ended (always true where releases do not notify)
 	successor string // the successor the statement named; "" for none, or where releases do not notify
+	handed    bool   // the successor was handed the next term
+	token     uint64 // the lease's token after the release (handingOver dialects)
 	woke      bool   // a node of this process was woken
 }
 
-// releaseNamed is release, also returning the successor it named and
-// whether it woke a node of this process.
+// releaseNamed is release, also returning the successor it named, whether
+// it handed it the next term, and whether it woke a node of this process.
 func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string, args ...any) (released, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return released{}, err
 	}
 	defer release()
-	var successor string
-	if p.d.notifies() {
-		err = conn.QueryRow(ctx, p.d.bound(q, statementLimit(ctx)), args...).Scan(&instance, &successor)
+	var r releaseRow
+	if ho, ok := p.d.(handingOver); ok {
+		sent := mono()
+		r, err = ho.scanRelease(conn.QueryRow(ctx, p.d.bound(q, statementLimit(ctx)), args...))
 		if errors.Is(err, sql.ErrNoRows) {
 			return released{}, nil
+		}
+		instance = r.instance
+		if err == nil && r.handed {
+			// The successor, if it is a node of this process, takes the
+			// term from here, without a statement of its own.
+			giveHanded(p.releaseKey(name), Lease{Name: name, Instance: r.successor, Endpoint: r.endpoint,
+				FencingToken: uint64(r.token), ExpiresAt: time.UnixMilli(r.expiresAt),
+				handed: max(time.Duration(r.expiresAt-r.now)*time.Millisecond, time.Millisecond), handedFrom: sent})
 		}
 	} else {
 		_, err = conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)
@@ -498,8 +593,8 @@ func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string,
 	// A release that named no one (no member records that it hears, as
 	// none listens through a pool that cannot) still wakes one node of
 	// this process first.
-	woke := p.announce(name, instance, successor, !p.d.notifies() || successor == "")
-	return released{ended: true, successor: successor, woke: woke}, nil
+	woke := p.announce(name, instance, r.successor, !p.d.notifies() || r.successor == "")
+	return released{ended: true, successor: r.successor, handed: r.handed, token: uint64(r.token), woke: woke}, nil
 }
 
 // exec runs a lease statement, bounded on the server, on a connection of
@@ -819,7 +914,7 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 			rows.close()
 			return nil, p.wrap("read members", err)
 		}
-		m.PID, m.Leader, m.HearsReleases = int(pid), leads == 1, hears == 1
+		m.PID, m.Leader, m.HearsReleases = int(pid), leads == 1, hears >= 1
 		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
 		m.SeenAgo = time.Duration(max(now-seen, 0)) * time.Millisecond
 		m.Live = m.Status == "active" && m.SeenAgo < timeout

@@ -87,6 +87,81 @@ func TestSchemaUpgradeFromVersion4(t *testing.T) {
 	})
 }
 
+// A database made by schema version 5 is upgraded by New to this build's:
+// on PostgreSQL the release function that hands the term over appears
+// (version 6), beside the version-5 one that running nodes of version 5
+// call, which now names members of either version; a member of version 5
+// (hears_releases 1) is named by a release but never handed the term, as
+// it would not know to take it up; on every dialect the version is
+// recorded and the lease goes on from its token.
+func TestSchemaUpgradeFromVersion5(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		createAtVersion(t, tg, db, 5, oldLease(tg))
+		if tg.Dialect == cluster.Postgres {
+			if n := functions(t, db, tg.Prefix+"hand_over"); n != 0 {
+				t.Fatalf("version 5 has %d hand_over functions; want none", n)
+			}
+		}
+		handsOffAfterUpgrade(t, tg, startUpgraded(t, tg, db))
+		if tg.Dialect != cluster.Postgres {
+			return
+		}
+		if n := functions(t, db, tg.Prefix+"hand_over"); n != 1 {
+			t.Fatalf("%d hand_over functions after the upgrade; want one", n)
+		}
+		if n := functions(t, db, tg.Prefix+"release"); n != 1 {
+			t.Fatalf("%d release functions after the upgrade; want the one of version 5", n)
+		}
+		// A member of version 5, running longest: named, not handed.
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status, hears_releases) "+
+			"VALUES ('leader', 'v5-1', 'v5', 'h', 1, '', 0, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active', 1)"); err != nil {
+			t.Fatal(err)
+		}
+		release := func(fn, cols string) (successor string, handed bool) {
+			t.Helper()
+			waitFor(t, 5*time.Second, "a node to hold the lease", func() bool {
+				var n int
+				err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+tg.Prefix+"lease WHERE name = 'leader' AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&n)
+				return err == nil && n == 1
+			})
+			q := "SELECT " + cols + " FROM " + tg.Prefix + "lease l, " + tg.Prefix + fn + " r WHERE l.name = 'leader'"
+			var err error
+			if strings.Contains(cols, "handed") {
+				err = db.QueryRowContext(ctx, q).Scan(&successor, &handed)
+			} else {
+				err = db.QueryRowContext(ctx, q).Scan(&successor)
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+			return successor, handed
+		}
+		if successor, handed := release("hand_over('leader', l.holder, l.instance, NULL, 33)", "r.successor, r.handed"); successor != "v5-1" || handed {
+			t.Fatalf("a release named %q, handed %v; want the version-5 member named, not handed", successor, handed)
+		}
+		// The version-5 function names this version's members too.
+		if _, err := db.ExecContext(ctx, "UPDATE "+tg.Prefix+"nodes SET hears_releases = 2 WHERE instance = 'v5-1'"); err != nil {
+			t.Fatal(err)
+		}
+		if successor, _ := release("release('leader', l.holder, l.instance, NULL)", "r.successor"); successor != "v5-1" {
+			t.Fatalf("the version-5 release named %q; want v5-1, a member of version 6", successor)
+		}
+	})
+}
+
+// functions counts the functions named name in the current schema.
+func functions(t *testing.T, db *sql.DB, name string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(context.Background(), "SELECT count(*) FROM pg_proc WHERE proname = $1 AND pronamespace = current_schema()::regnamespace", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // On PostgreSQL the schema transaction of an upgrade from version 4 takes
 // no lock on the members table: New adds its new column in a transaction
 // of its own first, and the schema file adds it only when it is missing.

@@ -280,6 +280,12 @@ type watchHooks struct {
 	// the LISTEN its process shares: not once its node is stopping, whose
 	// pool is about to go.
 	mayOwn func() bool
+	// handedFor, if not zero, is how long a term a release hands over
+	// lasts until its holder renews it (the handing-over release's share
+	// of the TTL): a follower that hears another process's release hand
+	// the term to another member tries once that long after, in case the
+	// member never takes it up.
+	handedFor time.Duration
 }
 
 // watchNamed is WatchReleases, telling h.wake whether the release named
@@ -290,6 +296,7 @@ type watchHooks struct {
 func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h watchHooks) error {
 	d := designated(instance, h.wake)
 	defer d.stop()
+	defer forgetHanded(p.releaseKey(name), instance)
 	hear := d.hear
 	if key := p.releaseKey(name); key != "" {
 		w := &localWaiter{instance: instance, d: d, learn: h.learn, taken: h.taken, ready: h.ready}
@@ -316,37 +323,57 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 		<-ctx.Done()
 		return nil
 	}
-	// A release sends two payloads in a row (schema/postgres_queries.sql):
-	// the lease name, a newline and the successor's instance; then the
-	// name alone, which older nodes act on. The name alone after a named
-	// one is its companion; without one, an older node released. A grant
-	// sends the name, a tab and the new holder's instance.
-	named, session := false, uint64(0)
+	// A release sends two payloads in a row (schema/postgres.sql): the
+	// lease name, a newline and the successor's instance; then the name
+	// alone, which older nodes act on. The name alone after a named one
+	// is its companion; without one, an older node released. A grant
+	// sends the name, a tab and the new holder's instance; a release that
+	// hands the term over sends its grant first, then the other two.
+	named, session, grantedTo := false, uint64(0), ""
 	sub := &listenSub{p: p, lp: lp, live: h.live, mayOwn: h.mayOwn}
 	sub.handle = func(ctx context.Context, payload string, sess uint64, conn Querier) (after func()) {
 		if sess != session {
-			named, session = false, sess // a new LISTEN session: no companion pending
+			named, session, grantedTo = false, sess, "" // a new LISTEN session: no companion pending
 		}
 		if lease, holder, ok := strings.Cut(payload, "\t"); ok { // a name holds no control character
-			if lease == name && holder != instance {
-				// Granted: a wake still pending would only be refused. No
-				// quiet time, as a grant in this process sets: by LISTEN a
-				// grant comes after the release it follows (commit order);
-				// the copy of a release made in this process can come
-				// later, and then arms a wake that makes one refused
-				// attempt. A quiet time could not be ended by the holder's
-				// own release, as a release heard by LISTEN does not say
-				// who made it.
-				d.stop()
-				if h.taken != nil {
-					h.taken(holder)
-				}
+			if lease != name {
+				return nil
+			}
+			grantedTo = holder // a release that names holder next handed it the term
+			if holder == instance {
+				// Handed the term, by a release in another process (or
+				// this one, whose successor took it already): the attempt
+				// the release's next payload starts reads it first.
+				p.nameSuccessor(name, instance)
+				return nil
+			}
+			// Granted: a wake still pending would only be refused. No
+			// quiet time, as a grant in this process sets: by LISTEN a
+			// grant comes after the release it follows (commit order); the
+			// copy of a release made in this process can come later, and
+			// then arms a wake that makes one refused attempt. A quiet time
+			// could not be ended by the holder's own release, as a release
+			// heard by LISTEN does not say who made it.
+			d.stop()
+			if h.taken != nil {
+				h.taken(holder)
 			}
 			return nil
 		}
 		lease, successor, ok := strings.Cut(payload, "\n") // nor a newline (Config.LeaseName)
+		handed := ok && lease == name && successor == grantedTo
+		if lease == name {
+			grantedTo = ""
+		}
 		switch {
 		case lease != name:
+		case handed && successor != instance:
+			// The successor holds the term: nothing to try, unless it
+			// never takes it up (it is gone, say): then when it expires.
+			named = true
+			if h.handedFor > 0 {
+				d.expiry(h.handedFor + successorLead + rand.N(successorLead))
+			}
 		case ok:
 			named = true
 			if successor == instance && conn != nil {
@@ -606,10 +633,25 @@ func (g *listenGroup) setLive(on bool) {
 }
 
 // passRelease tells the other watchers of lease name that instance, the
-// successor a release named, will not take it: on PostgreSQL a NOTIFY of
-// the lease name alone, which wakes the listeners at once, and in this
-// process localFallbacks+1 of the others, at once.
-func (p *DBProvider) passRelease(ctx context.Context, name, instance string) error {
+// successor a release named, will not take it. If the release handed it
+// the term (handingOver), it releases that term, handing over nothing (a
+// member named next that cannot lead either would hand it back), which
+// names the next successor and wakes the others as a release does;
+// otherwise, on PostgreSQL a NOTIFY of the lease name
+// alone wakes the listeners at once, and in this process localFallbacks+1
+// of the others are woken at once.
+func (p *DBProvider) passRelease(ctx context.Context, name, holder, instance string) error {
+	if ho, ok := p.d.(handingOver); ok {
+		key := p.releaseKey(name)
+		takeHanded(key, instance) // ended below: never to be taken later
+		r, err := p.releaseNamed(ctx, name, instance, ho.passTerm(), name, holder, instance)
+		if err != nil || r.ended {
+			if r.ended {
+				tookTerm(key, instance, r.token)
+			}
+			return err
+		}
+	}
 	p.announce(name, instance, "", false)
 	ps, ok := p.d.(passer)
 	if !ok {
@@ -676,6 +718,9 @@ type designation struct {
 	mu      sync.Mutex
 	pending *time.Timer
 	due     time.Time
+	// expiring wakes the node when a term handed to another member
+	// expires, in case that member never takes it up (expiry).
+	expiring *time.Timer
 	// After a grant to quietHolder, releases that would delay a wake are
 	// ignored until quiet: on PostgreSQL a release is heard twice, in
 	// process and by LISTEN, and the second can come after the grant.
@@ -743,6 +788,22 @@ func (d *designation) stop() {
 	defer d.mu.Unlock()
 	if d.pending != nil && d.pending.Stop() {
 		d.due = time.Time{}
+	}
+	if d.expiring != nil {
+		d.expiring.Stop()
+	}
+}
+
+// expiry wakes the node after delay, when a term a release handed to
+// another member expires unless that member renewed it; a grant heard
+// meanwhile cancels it (stop).
+func (d *designation) expiry(delay time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.expiring == nil {
+		d.expiring = time.AfterFunc(delay, func() { d.wake(false) })
+	} else {
+		d.expiring.Reset(delay)
 	}
 }
 
@@ -822,13 +883,25 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			}
 			// Named, but this node will not try: pass the turn on, so the
 			// others need not wait out successorLead. (The watcher runs
-			// until its goroutine, counted in wg, returns.)
+			// until its goroutine, counted in wg, returns.) Between two
+			// heartbeat steps: a step that began meanwhile (the hold-off
+			// after Resign ended) may have taken up a term the release
+			// handed this node, which must then not be ended under it.
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
+				c.stepMu.Lock()
+				defer c.stepMu.Unlock()
+				if c.term.Load() != nil || c.retiring.Load() != nil {
+					return // it leads now
+				}
+				if c.mayTakeOver() {
+					wake() // it may try now: its attempt takes up a handed term
+					return
+				}
 				pctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
 				defer cancel()
-				if err := nw.passRelease(pctx, c.cfg.LeaseName, c.instance); err != nil {
+				if err := nw.passRelease(pctx, c.cfg.LeaseName, c.cfg.NodeID, c.instance); err != nil {
 					c.log.DebugContext(ctx, "cluster: passing on a release this node cannot take failed; the others try a few milliseconds later", "err", err)
 				}
 			}()
@@ -847,7 +920,7 @@ func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher, registere
 			default:
 			}
 		}, ready: c.wouldTry, live: live, registered: registered, listen: !c.cfg.PollOnly,
-			mayOwn: func() bool { return !c.down.Load() }})
+			mayOwn: func() bool { return !c.down.Load() }, handedFor: c.cfg.LeaseTTL * handedShare / 100})
 	} else {
 		registered()
 		err = w.WatchReleases(ctx, c.cfg.LeaseName, c.instance, wake, live)
@@ -874,4 +947,101 @@ func (c *Cluster) mayTakeOver() bool {
 func (c *Cluster) wouldTry() bool {
 	return !c.down.Load() && c.term.Load() == nil && c.retiring.Load() == nil &&
 		mono() >= c.holdUntil.Load() && !c.haltedFlag.Load()
+}
+
+// handedTerms holds the terms that releases made in this process handed
+// to a successor, keyed by releaseKey, NUL and the successor's instance,
+// for that successor's next attempt if it is a node of this process
+// (takeHanded): it then leads without a statement of its own. A term no
+// attempt took is dropped once namedFor has passed. Each entry also
+// keeps the highest token of a term its instance took up, was granted or
+// passed on by other means (tookTerm), until its watcher ends
+// (forgetHanded): a term given after that, at or below it, is never
+// taken, as it may have ended since (the successor heard the release's
+// grant by LISTEN before the release statement returned here, and read
+// the term, or passed it on).
+var handedTerms = struct {
+	sync.Mutex
+	m map[string]handedTerm
+}{m: map[string]handedTerm{}}
+
+type handedTerm struct {
+	l     Lease     // the term handed; zero when none is waiting
+	until time.Time // when l is dropped
+	took  uint64    // the highest token the instance took up or passed on
+}
+
+// giveHanded records l, a term a release handed to l.Instance on the
+// lease that key names ("" for none: nothing is recorded).
+func giveHanded(key string, l Lease) {
+	if key == "" {
+		return
+	}
+	now := time.Now()
+	handedTerms.Lock()
+	defer handedTerms.Unlock()
+	for k, e := range handedTerms.m {
+		if e.l.FencingToken != 0 && now.After(e.until) {
+			e.l = Lease{}
+			handedTerms.m[k] = e
+		}
+		if e.l.FencingToken == 0 && e.took == 0 {
+			delete(handedTerms.m, k)
+		}
+	}
+	k := key + "\x00" + l.Instance
+	e := handedTerms.m[k]
+	if e.took >= l.FencingToken {
+		return // taken up or passed on already
+	}
+	e.l, e.until = l, now.Add(namedFor)
+	handedTerms.m[k] = e
+}
+
+// tookTerm notes that instance took up, was granted or passed on the term
+// with token on the lease that key names, by other means than takeHanded.
+func tookTerm(key, instance string, token uint64) {
+	if key == "" {
+		return
+	}
+	handedTerms.Lock()
+	defer handedTerms.Unlock()
+	k := key + "\x00" + instance
+	e := handedTerms.m[k]
+	e.took = max(e.took, token)
+	if e.l.FencingToken <= e.took {
+		e.l = Lease{}
+	}
+	handedTerms.m[k] = e
+}
+
+// forgetHanded drops what handedTerms holds for instance on the lease that
+// key names: its watcher has ended.
+func forgetHanded(key, instance string) {
+	handedTerms.Lock()
+	defer handedTerms.Unlock()
+	delete(handedTerms.m, key+"\x00"+instance)
+}
+
+// takeHanded removes and returns the term handed to instance on the lease
+// that key names, if a release of this process recorded one that has time
+// left and that instance has not taken up or passed on.
+func takeHanded(key, instance string) (Lease, bool) {
+	if key == "" {
+		return Lease{}, false
+	}
+	handedTerms.Lock()
+	defer handedTerms.Unlock()
+	k := key + "\x00" + instance
+	e, ok := handedTerms.m[k]
+	if !ok || e.l.FencingToken == 0 {
+		return Lease{}, false
+	}
+	l := e.l
+	e.l, e.took = Lease{}, max(e.took, l.FencingToken)
+	handedTerms.m[k] = e
+	if time.Now().After(e.until) || mono() >= monoAfter(l.handedFrom, l.handed) {
+		return Lease{}, false
+	}
+	return l, true
 }

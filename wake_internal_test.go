@@ -222,10 +222,66 @@ func TestListenerHearsGrants(t *testing.T) {
 	default:
 	}
 
-	feed.payloads <- "lease\nother" // a later release, then no grant: the wake comes
+	feed.payloads <- "lease\nthird" // a later release, then no grant: the wake comes
 	time.Sleep(3 * successorLead)
 	if n := woken.Load(); n != 1 {
 		t.Fatalf("woken %d times after a release with no grant; want 1", n)
+	}
+}
+
+// A release that hands the term over sends its grant first, then the
+// naming and the bare notification: a follower does not try (the
+// successor holds the term), unless the successor never takes it up:
+// then it tries once the handed term has expired (watchHooks.handedFor).
+// The successor itself is told to read its term before it attempts.
+func TestListenerHearsHandover(t *testing.T) {
+	defer func(d time.Duration) { successorLead = d }(successorLead)
+	successorLead = 50 * time.Millisecond
+	feeds := map[string]*listenFeed{}
+	woken := map[string]*atomic.Int32{}
+	providers := map[string]*DBProvider{}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for _, id := range []string{"me", "succ"} {
+		feed, n := &listenFeed{payloads: make(chan string)}, &atomic.Int32{}
+		p := &DBProvider{prefix: "wake_", d: &postgres{}, pool: feed}
+		feeds[id], woken[id], providers[id] = feed, n, p
+		wg.Go(func() {
+			p.watchNamed(ctx, "lease", id, watchHooks{
+				wake:      func(bool) { n.Add(1) },
+				live:      func(bool) {},
+				listen:    true,
+				handedFor: 400 * time.Millisecond,
+			})
+		})
+	}
+	for _, payload := range []string{"lease\tsucc", "lease\nsucc", "lease"} {
+		for _, f := range feeds {
+			f.payloads <- payload
+		}
+	}
+	time.Sleep(4 * successorLead)
+	if n := woken["me"].Load(); n != 0 {
+		t.Fatalf("a follower was woken %d times by a handover; want none before the handed term expires", n)
+	}
+	if n := woken["succ"].Load(); n != 1 || !providers["succ"].wasNamed(LeaseRequest{Name: "lease", Instance: "succ"}) {
+		t.Fatalf("the successor was woken %d times, told to read its term: see above; want once, told", n)
+	}
+	if providers["me"].wasNamed(LeaseRequest{Name: "lease", Instance: "me"}) {
+		t.Fatal("a follower was told it was handed the term")
+	}
+	time.Sleep(400*time.Millisecond + successorLead)
+	if n := woken["me"].Load(); n != 1 {
+		t.Fatalf("a follower was woken %d times once the handed term expired; want once", n)
+	}
+	// A grant heard before the handed term expires cancels that wake.
+	for _, payload := range []string{"lease\tsucc", "lease\nsucc", "lease", "lease\tother"} {
+		feeds["me"].payloads <- payload
+	}
+	time.Sleep(400*time.Millisecond + 3*successorLead)
+	if n := woken["me"].Load(); n != 1 {
+		t.Fatalf("a follower was woken %d times in all; the grant after the handover should have cancelled the second", n)
 	}
 }
 
@@ -386,5 +442,80 @@ func TestSharedListenFailsOver(t *testing.T) {
 	}
 	if n := stopping.calls.Load(); n != 0 {
 		t.Errorf("the stopping watcher's pool was asked to LISTEN %d times", n)
+	}
+}
+
+// A term handed over by a release is trusted for its share of
+// FenceTimeout: what was left of it by the database clock, scaled as
+// FenceTimeout is to LeaseTTL, from before the statement that learnt it
+// (or the release, in the same process) was sent; a term granted by the
+// node's own attempt, for FenceTimeout.
+func TestHandedTermTrust(t *testing.T) {
+	c := &Cluster{cfg: Config{LeaseTTL: 2 * time.Second, FenceTimeout: 1800 * time.Millisecond}}
+	start := mono()
+	for _, tc := range []struct {
+		handed, want time.Duration
+	}{
+		{0, 1800 * time.Millisecond},
+		{600 * time.Millisecond, 540 * time.Millisecond},
+		{2 * time.Second, 1800 * time.Millisecond},
+		{5 * time.Second, 1800 * time.Millisecond},
+	} {
+		tm := c.newTerm(Lease{handed: tc.handed}, start)
+		tm.end()
+		if got := time.Duration(tm.until.Load() - start); got != tc.want {
+			t.Errorf("a term handed over with %v left is trusted for %v, want %v", tc.handed, got, tc.want)
+		}
+	}
+}
+
+// takeHanded gives a term a release of this process handed over to the
+// instance it was handed to, once, and only while it lasts; never one the
+// instance took up or passed on by other means (tookTerm), or an earlier
+// one, and nothing once its watcher ended (forgetHanded).
+func TestTakeHanded(t *testing.T) {
+	const key = "db\x00p\x00leader"
+	t.Cleanup(func() { forgetHanded(key, "i") })
+	handed := func(token uint64, lasts time.Duration, ago time.Duration) Lease {
+		return Lease{Name: "leader", Instance: "i", FencingToken: token, handed: lasts, handedFrom: mono() - int64(ago)}
+	}
+	giveHanded(key, handed(9, time.Minute, 0))
+	if _, ok := takeHanded(key, "j"); ok {
+		t.Fatal("another instance took the handed term")
+	}
+	if got, ok := takeHanded(key, "i"); !ok || got.FencingToken != 9 {
+		t.Fatalf("took %+v, %v; want token 9", got, ok)
+	}
+	if _, ok := takeHanded(key, "i"); ok {
+		t.Fatal("the handed term was taken twice")
+	}
+	giveHanded(key, handed(9, time.Minute, 0))
+	if _, ok := takeHanded(key, "i"); ok {
+		t.Fatal("a term taken before was given again")
+	}
+	giveHanded(key, handed(10, time.Millisecond, time.Second))
+	if _, ok := takeHanded(key, "i"); ok {
+		t.Fatal("a handed term that has expired was taken")
+	}
+	// Read by the instance itself (it heard the grant by LISTEN first),
+	// or passed on, before the release's answer reached this process.
+	tookTerm(key, "i", 12)
+	giveHanded(key, handed(12, time.Minute, 0))
+	if _, ok := takeHanded(key, "i"); ok {
+		t.Fatal("a term the instance took up by reading it was given again")
+	}
+	giveHanded(key, handed(13, time.Minute, 0))
+	tookTerm(key, "i", 13)
+	if _, ok := takeHanded(key, "i"); ok {
+		t.Fatal("a term the instance passed on was taken")
+	}
+	forgetHanded(key, "i")
+	giveHanded(key, handed(14, time.Minute, 0))
+	if got, ok := takeHanded(key, "i"); !ok || got.FencingToken != 14 {
+		t.Fatalf("took %+v, %v; want token 14", got, ok)
+	}
+	giveHanded("", handed(15, time.Minute, 0))
+	if _, ok := takeHanded("", "i"); ok {
+		t.Fatal("a term of an unnamed database was recorded")
 	}
 }

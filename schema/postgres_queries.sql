@@ -96,7 +96,7 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     BEGIN
         PERFORM * FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}');
-        PERFORM * FROM {{prefix}}release(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL);
+        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL, 33);
         RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
     EXCEPTION WHEN raise_exception THEN
         NULL;
@@ -122,11 +122,27 @@ RETURNING l.expires_at;
 
 -- name: release
 -- args: name, holder, instance, token. Ends the term, tells the listening
--- followers and names a successor: the function {{prefix}}release of the
--- schema (schema/postgres.sql). Returns the instance that held the term
--- and the successor ('' for none): one row when a term ended, none
--- otherwise.
-SELECT instance, successor FROM {{prefix}}release($1, $2, $3, $4);
+-- followers, names a successor and hands it the next term when it takes
+-- handed-over terms, lasting a third of the TTL until it renews: the
+-- function {{prefix}}hand_over of the schema (schema/postgres.sql; nodes
+-- of version 5 call {{prefix}}release, which only names one). Returns the
+-- instance that held the term, the successor ('' for none), whether it
+-- was handed the term, and the lease row after: token, expiry, endpoint,
+-- and the database clock. One row when a term ended, none otherwise.
+SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
+FROM {{prefix}}hand_over($1, $2, $3, $4, 33);
+
+-- name: adopt
+-- args: name, holder, instance. Run by the successor a release named,
+-- before it attempts: the term the release handed it (function hand_over
+-- of the schema), read and not written, as the leader query reads it, if
+-- the lease row is that instance's and unexpired. No row otherwise (the
+-- release only named it: the leader was of version 5). The node trusts
+-- the term for what remains of it by the database clock, counted from
+-- when it sent this statement, and renews it at once.
+SELECT holder, instance, fencing_token, expires_at, endpoint, now_ms
+FROM {{prefix}}lease, (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
+WHERE name = $1 AND holder = $2 AND instance = $3 AND expires_at > c.now_ms;
 
 -- name: pass
 -- args: name. Sent by the successor a release named when it cannot take
@@ -137,7 +153,19 @@ SELECT pg_notify('{{prefix}}lease', $1);
 -- name: release_instance
 -- args: name, holder, instance. Releases whatever term the instance holds,
 -- committing, notifying and returning as release does.
-SELECT instance, successor FROM {{prefix}}release($1, $2, $3, NULL);
+SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
+FROM {{prefix}}hand_over($1, $2, $3, NULL, 33);
+
+-- name: pass_term
+-- args: name, holder, instance. Run by the successor a release named when
+-- it cannot take the lease (it holds off after Resign, or is stopping),
+-- before it passes the turn on: it ends the term the release may have
+-- handed it, and hands over nothing (another member that cannot lead
+-- either would hand it back), so the lease is free and the next member
+-- named tries at once, the others a few milliseconds later. Returns as
+-- release does; no row when the instance held no term.
+SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
+FROM {{prefix}}hand_over($1, $2, $3, NULL, 0);
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -278,8 +306,9 @@ $hears$;
 
 -- name: node_hears
 -- args: scope, instance. The member hears releases by LISTEN and may lead:
--- a release may name it successor.
-UPDATE {{prefix}}nodes SET hears_releases = 1 WHERE scope = $1 AND instance = $2 AND status = 'active';
+-- a release may name it successor, and hand it the next term (2; nodes of
+-- version 5 wrote 1, and are only named).
+UPDATE {{prefix}}nodes SET hears_releases = 2 WHERE scope = $1 AND instance = $2 AND status = 'active';
 
 -- name: node_seen
 -- args: scope, instance.
@@ -322,7 +351,8 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 -- release -force); the token is kept; the followers are told, and the
 -- successor returned, as by release (never the holder itself). Unlike a
 -- node's release it waits for its WAL flush.
-SELECT instance, successor FROM {{prefix}}release($1, NULL, NULL, NULL);
+SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
+FROM {{prefix}}hand_over($1, NULL, NULL, NULL, 0);
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
