@@ -239,7 +239,8 @@ type Member struct {
 	Leader bool `json:"leader"`
 	// HearsReleases reports, on PostgreSQL, a candidate that recorded that
 	// it hears releases by LISTEN: only such a member is named successor
-	// by a release. Always false on MySQL and SQLite, whose releases name
+	// by a release (and handed the next term, if it is of schema version
+	// 6 or later). Always false on MySQL and SQLite, whose releases name
 	// no one, and for a RoleFollower or a node that polls.
 	HearsReleases bool `json:"hearsReleases"`
 }
