@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
 
@@ -347,4 +349,50 @@ func TestNodeTakesUpItsOwnTermFoundByAttempt(t *testing.T) {
 		}
 		return ttl == 3000
 	})
+}
+
+// A release that hands the term over is an acquisition of the next token
+// like any other: it waits for the fenced transactions of the ending term
+// (Fence holds the lease row): the release blocks until the fenced
+// transaction has committed, so every write fenced with token T commits
+// before the term T+1 is granted, and the successor leads only after.
+func TestHandoverWaitsForFencedTransactions(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	app := newPool(t, tg, 0)
+	a := node(t, tg, newPool(t, tg, 0), "a", longPoll)
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	b := node(t, tg, newPool(t, tg, 0), "b", longPoll)
+	waitHears(t, tg, app, "leader", "b")
+	tx, token, err := clusterpgx.BeginFenced(ctx, a, app, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	resigned := make(chan error, 1)
+	go func() { resigned <- a.Resign(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	if b.IsLeader() {
+		t.Fatal("b leads while a transaction fenced with a's token is open")
+	}
+	select {
+	case err := <-resigned:
+		t.Fatalf("a's release returned (%v) while a transaction fenced with its token is open", err)
+	default:
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the transaction goes on under the ending term
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("the fenced transaction of token %d did not commit: %v", token, err)
+	}
+	if err := <-resigned; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "b to lead", b.IsLeader)
+	if got := b.FencingToken(); got != token+1 {
+		t.Fatalf("b leads with token %d, want %d, handed over", got, token+1)
+	}
 }
