@@ -43,6 +43,12 @@ func newPostgres(prefix string) dialect {
 	d.scratch, d.warmFlag = newInstanceID(), "sqlfence."+prefix+"warm"
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
 	d.q.Rehearse = strings.ReplaceAll(d.q.Rehearse, "{{scratch}}", d.scratch)
+	// A handed-over term's share of the TTL: the followers' expiry wake
+	// (watchHooks.handedFor) counts with the same.
+	share := strconv.Itoa(handedShare)
+	for _, q := range []*string{&d.q.Release, &d.q.ReleaseInstance, &d.q.Rehearse} {
+		*q = strings.ReplaceAll(*q, "{{handed_share}}", share)
+	}
 	return d
 }
 
@@ -50,9 +56,9 @@ func newPostgres(prefix string) dialect {
 // named successor that it will run (ListenConnPool): in a transaction it
 // rolls back, the acquire statement grants a scratch lease twice (the
 // warm query's name and steps), and the adopt query reads it, so that
-// pgx has prepared the statements on the connection, as it does each statement it runs, and the session
-// has planned the grant and compiled the triggers, as the warm query does
-// for the pool's sessions. No real lease is touched and nothing notifies
+// pgx has prepared the statements on the connection, as it does each
+// statement it runs, and the session has planned the grant and compiled
+// the triggers, as the warm query does for the pool's sessions. No real lease is touched and nothing notifies
 // (a NOTIFY of a transaction rolled back is never sent).
 func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
 	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {

@@ -60,11 +60,11 @@ type DBProvider struct {
 	// see lendListener.
 	lendMu sync.Mutex
 	offer  *lentConn
-	// named maps a lease name and instance (name, NUL, instance) to the
-	// unix time (ns) until which that instance's next attempt first reads
-	// the term a release of another process handed it (handingOver): set
-	// when the release's grant is heard; see Acquire.
-	named sync.Map
+	// handedHeard maps a lease name and instance (name, NUL, instance) to
+	// the unix time (ns) until which that instance's next attempt first
+	// reads the term a release of another process handed it
+	// (handingOver): set when the release's grant is heard; see Acquire.
+	handedHeard sync.Map
 }
 
 const (
@@ -338,27 +338,27 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		return Lease{}, err
 	}
 	defer release()
-	if _, ok := p.d.(handingOver); ok {
+	if ho, ok := p.d.(handingOver); ok {
 		// A release handed this instance the term. Made in this process,
 		// it told what it granted (takeHanded: the next attempt, whatever
 		// it is, takes it); made in another, it notified the grant
-		// (wasNamed), and the term is read rather than asked for. The term
-		// is trusted for what is left of it (Lease.handed), counted from
-		// before the release, or this statement, was sent, as a grant's
-		// TTL is.
+		// (wasHanded), and the term is read rather than asked for. The
+		// term is trusted for what is left of it (Lease.handed), counted
+		// from before the release, or this statement, was sent, as a
+		// grant's TTL is.
 		if l, ok := takeHanded(p.releaseKey(req.Name), req.Instance); ok {
 			l.Holder = req.Holder // the node id of the instance's membership row
 			p.announceTaken(req.Name, l)
 			return l, nil
 		}
-	}
-	if ho, ok := p.d.(handingOver); ok && !req.Poll && p.wasNamed(req) {
-		r, err := ho.adopt(ctx, conn, req)
-		switch {
-		case err == nil:
-			return p.adopted(req, r), nil
-		case !errors.Is(err, sql.ErrNoRows):
-			return Lease{}, p.wrap("adopt the term of lease "+quote(req.Name)+" handed to this node", err)
+		if !req.Poll && p.wasHanded(req) {
+			r, err := ho.adopt(ctx, conn, req)
+			switch {
+			case err == nil:
+				return p.adopted(req, r), nil
+			case !errors.Is(err, sql.ErrNoRows):
+				return Lease{}, p.wrap("adopt the term of lease "+quote(req.Name)+" handed to this node", err)
+			}
 		}
 	}
 	if pl, ok := p.d.(poller); ok && req.Poll {
@@ -424,10 +424,17 @@ func (p *DBProvider) mayAdopt(req LeaseRequest, r row) bool {
 // from before the attempt that read it, and renewed at once.
 func (p *DBProvider) adopted(req LeaseRequest, r row) Lease {
 	l := r.lease(req.Name)
-	l.handed = max(time.Duration(r.expiresAt-r.now)*time.Millisecond, time.Millisecond)
+	l.handed = leftOf(r.expiresAt, r.now)
 	tookTerm(p.releaseKey(req.Name), req.Instance, l.FencingToken)
 	p.announceTaken(req.Name, l)
 	return l
+}
+
+// leftOf is what is left of a term that expires at expiresAt, read at
+// now (unix ms, by the database clock): at least a millisecond, which
+// counts as a handed-over term (Lease.handed).
+func leftOf(expiresAt, now int64) time.Duration {
+	return max(time.Duration(expiresAt-now)*time.Millisecond, time.Millisecond)
 }
 
 // handedShare is the share of its TTL, in percent, that a term handed
@@ -435,20 +442,20 @@ func (p *DBProvider) adopted(req LeaseRequest, r row) Lease {
 // function hand_over (schema/postgres_queries.sql).
 const handedShare = 33
 
-// namedFor is how long after a release handed an instance the term that
-// instance's attempt takes it up (takeHanded, wasNamed).
-const namedFor = time.Second
+// handedWait is how long after a release handed an instance the term that
+// instance's attempt takes it up (takeHanded, wasHanded).
+const handedWait = time.Second
 
-// nameSuccessor records that a release in another process handed
-// instance the term of lease name (Acquire then reads it).
-func (p *DBProvider) nameSuccessor(name, instance string) {
-	p.named.Store(name+"\x00"+instance, time.Now().Add(namedFor).UnixNano())
+// markHanded records that a release in another process handed instance
+// the term of lease name (Acquire then reads it).
+func (p *DBProvider) markHanded(name, instance string) {
+	p.handedHeard.Store(name+"\x00"+instance, time.Now().Add(handedWait).UnixNano())
 }
 
-// wasNamed reports, once, whether a release handed req's instance the
-// term of its lease within namedFor.
-func (p *DBProvider) wasNamed(req LeaseRequest) bool {
-	v, ok := p.named.LoadAndDelete(req.Name + "\x00" + req.Instance)
+// wasHanded reports, once, whether a release handed req's instance the
+// term of its lease within handedWait.
+func (p *DBProvider) wasHanded(req LeaseRequest) bool {
+	v, ok := p.handedHeard.LoadAndDelete(req.Name + "\x00" + req.Instance)
 	return ok && time.Now().UnixNano() < v.(int64)
 }
 
@@ -582,7 +589,7 @@ func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string,
 			// term from here, without a statement of its own.
 			giveHanded(p.releaseKey(name), Lease{Name: name, Instance: r.successor, Endpoint: r.endpoint,
 				FencingToken: uint64(r.token), ExpiresAt: time.UnixMilli(r.expiresAt),
-				handed: max(time.Duration(r.expiresAt-r.now)*time.Millisecond, time.Millisecond), handedFrom: sent})
+				handed: leftOf(r.expiresAt, r.now), handedFrom: sent})
 		}
 	} else {
 		_, err = conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)

@@ -296,9 +296,10 @@ type watchHooks struct {
 func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h watchHooks) error {
 	d := designated(instance, h.wake)
 	defer d.stop()
-	defer forgetHanded(p.releaseKey(name), instance)
+	key := p.releaseKey(name)
+	defer forgetHanded(key, instance)
 	hear := d.hear
-	if key := p.releaseKey(name); key != "" {
+	if key != "" {
 		w := &localWaiter{instance: instance, d: d, learn: h.learn, taken: h.taken, ready: h.ready}
 		localReleases.Lock()
 		if localReleases.m[key] == nil {
@@ -344,7 +345,7 @@ func (p *DBProvider) watchNamed(ctx context.Context, name, instance string, h wa
 				// Handed the term, by a release in another process (or
 				// this one, whose successor took it already): the attempt
 				// the release's next payload starts reads it first.
-				p.nameSuccessor(name, instance)
+				p.markHanded(name, instance)
 				return nil
 			}
 			// Granted: a wake still pending would only be refused. No
@@ -953,7 +954,7 @@ func (c *Cluster) wouldTry() bool {
 // to a successor, keyed by releaseKey, NUL and the successor's instance,
 // for that successor's next attempt if it is a node of this process
 // (takeHanded): it then leads without a statement of its own. A term no
-// attempt took is dropped once namedFor has passed. Each entry also
+// attempt took is dropped once handedWait has passed. Each entry also
 // keeps the highest token of a term its instance took up, was granted or
 // passed on by other means (tookTerm), until its watcher ends
 // (forgetHanded): a term given after that, at or below it, is never
@@ -994,7 +995,7 @@ func giveHanded(key string, l Lease) {
 	if e.took >= l.FencingToken {
 		return // taken up or passed on already
 	}
-	e.l, e.until = l, now.Add(namedFor)
+	e.l, e.until = l, now.Add(handedWait)
 	handedTerms.m[k] = e
 }
 

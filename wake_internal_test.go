@@ -265,10 +265,10 @@ func TestListenerHearsHandover(t *testing.T) {
 	if n := woken["me"].Load(); n != 0 {
 		t.Fatalf("a follower was woken %d times by a handover; want none before the handed term expires", n)
 	}
-	if n := woken["succ"].Load(); n != 1 || !providers["succ"].wasNamed(LeaseRequest{Name: "lease", Instance: "succ"}) {
+	if n := woken["succ"].Load(); n != 1 || !providers["succ"].wasHanded(LeaseRequest{Name: "lease", Instance: "succ"}) {
 		t.Fatalf("the successor was woken %d times, told to read its term: see above; want once, told", n)
 	}
-	if providers["me"].wasNamed(LeaseRequest{Name: "lease", Instance: "me"}) {
+	if providers["me"].wasHanded(LeaseRequest{Name: "lease", Instance: "me"}) {
 		t.Fatal("a follower was told it was handed the term")
 	}
 	time.Sleep(400*time.Millisecond + successorLead)

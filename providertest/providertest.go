@@ -407,8 +407,6 @@ func release(t *testing.T, p cluster.Provider, l cluster.Lease) {
 	}
 }
 
-// mustBeHeld checks that err reports l as the term holding the lease, with
-// at most ttl remaining.
 // mustBeHeldOrSame checks the answer to the holder of term l asking for
 // the lease again: ErrLeaseHeld naming l, or l itself (its holder, instance
 // and token), never a term of its own.
@@ -424,6 +422,8 @@ func mustBeHeldOrSame(t *testing.T, got cluster.Lease, err error, l cluster.Leas
 	}
 }
 
+// mustBeHeld checks that err reports l as the term holding the lease, with
+// at most ttl remaining.
 func mustBeHeld(t *testing.T, err error, l cluster.Lease, ttl time.Duration) *cluster.LeaseHeldError {
 	t.Helper()
 	var held *cluster.LeaseHeldError

@@ -96,7 +96,7 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     BEGIN
         PERFORM * FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}');
-        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL, 33);
+        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL, {{handed_share}});
         RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
     EXCEPTION WHEN raise_exception THEN
         NULL;
@@ -123,14 +123,15 @@ RETURNING l.expires_at;
 -- name: release
 -- args: name, holder, instance, token. Ends the term, tells the listening
 -- followers, names a successor and hands it the next term when it takes
--- handed-over terms, lasting a third of the TTL until it renews: the
+-- handed-over terms, lasting a third of the TTL (handed_share, put in by
+-- the package: its constant handedShare, 33 percent) until it renews: the
 -- function {{prefix}}hand_over of the schema (schema/postgres.sql; nodes
 -- of version 5 call {{prefix}}release, which only names one). Returns the
 -- instance that held the term, the successor ('' for none), whether it
 -- was handed the term, and the lease row after: token, expiry, endpoint,
 -- and the database clock. One row when a term ended, none otherwise.
 SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, $4, 33);
+FROM {{prefix}}hand_over($1, $2, $3, $4, {{handed_share}});
 
 -- name: adopt
 -- args: name, holder, instance. Run by the successor a release named,
@@ -154,7 +155,7 @@ SELECT pg_notify('{{prefix}}lease', $1);
 -- args: name, holder, instance. Releases whatever term the instance holds,
 -- committing, notifying and returning as release does.
 SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, NULL, 33);
+FROM {{prefix}}hand_over($1, $2, $3, NULL, {{handed_share}});
 
 -- name: pass_term
 -- args: name, holder, instance. Run by the successor a release named when
