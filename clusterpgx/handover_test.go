@@ -3,6 +3,8 @@ package clusterpgx_test
 import (
 	"context"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -394,5 +396,111 @@ func TestHandoverWaitsForFencedTransactions(t *testing.T) {
 	waitFor(t, time.Second, "b to lead", b.IsLeader)
 	if got := b.FencingToken(); got != token+1 {
 		t.Fatalf("b leads with token %d, want %d, handed over", got, token+1)
+	}
+}
+
+// failingReads fails the next reads of a handed term (the "adopt"
+// query) its pool sends once armed, before they reach the server, as a
+// broken connection or a cancelled context would fail them; it lets
+// everything else through and counts the reads and acquire statements
+// sent since.
+type failingReads struct {
+	mu              sync.Mutex
+	fail            int // reads still to fail
+	reads, acquires int
+	failed          int
+}
+
+// arm fails the next n reads and starts the counts again.
+func (f *failingReads) arm(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail, f.reads, f.acquires, f.failed = n, 0, 0, 0
+}
+
+func (f *failingReads) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case strings.Contains(d.SQL, "acquire(") && len(d.Args) > 0:
+		f.acquires++
+	case strings.Contains(d.SQL, "expires_at > c.now_ms") && strings.Contains(d.SQL, "holder = $2"):
+		f.reads++
+		if f.fail > 0 {
+			f.fail--
+			f.failed++
+			failed, cancel := context.WithCancel(ctx)
+			cancel()
+			return failed
+		}
+	}
+	return ctx
+}
+
+func (f *failingReads) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (f *failingReads) counts() (reads, acquires, failed int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads, f.acquires, f.failed
+}
+
+// A successor whose read of the term handed to it fails does not lead on
+// it: the failed read is a failed attempt, after which the node does not
+// know whether it holds the lease. Its next attempt, a heartbeat later,
+// finds the term still its own and takes it up (the handed token, not a
+// grant of its own), and Shutdown releases it.
+func TestFailedReadOfHandedTerm(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	other := newOtherProcess(t, tg)
+	admin := other.admin
+	token := other.hold(time.Minute)
+
+	reads := &failingReads{}
+	var acquireErrors atomic.Int64
+	b := node(t, tg, tracedPool(t, tg, reads), "b", func(cfg *cluster.Config) {
+		longPoll(cfg)
+		cfg.Observer = func(o cluster.Operation) {
+			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeError {
+				acquireErrors.Add(1)
+			}
+		}
+	})
+	waitHears(t, tg, admin, "leader", "b")
+	time.Sleep(1200 * time.Millisecond) // b's attempts at start land (and the warm-up, a read too): it sleeps until the term expires
+
+	reads.arm(1)
+	start := time.Now()
+	successor, handed, after, _ := other.handOver(token)
+	if successor != "b" || !handed {
+		t.Fatalf("the release named %q, handed %v; want b handed the term", successor, handed)
+	}
+	waitFor(t, 5*time.Second, "b to lead", b.IsLeader)
+	took := time.Since(start)
+	if got := b.FencingToken(); got != uint64(after) {
+		t.Fatalf("b leads with token %d, want the handed term's %d", got, after)
+	}
+	n, acquires, failed := reads.counts()
+	if failed != 1 {
+		t.Fatalf("%d reads of the handed term failed; want the first one", failed)
+	}
+	if n < 2 && acquires == 0 {
+		t.Fatalf("b led after %d reads of its term and %d acquire statements, one read failed: it led on a read that failed", n, acquires)
+	}
+	if got := acquireErrors.Load(); got != 1 {
+		t.Errorf("b's observer saw %d failed attempts; want one, the failed read", got)
+	}
+	t.Logf("b led %v after the handover, its first read failing (%d reads, %d acquire statements)", took.Round(time.Millisecond), n, acquires)
+
+	if err := b.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left int64
+	if err := admin.QueryRow(ctx, "SELECT expires_at - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM "+tg.Prefix+"lease WHERE name = 'leader'").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left > 0 {
+		t.Fatalf("after b's Shutdown the lease is held for %d ms more; want it released", left)
 	}
 }
