@@ -39,7 +39,7 @@ type compareRun struct {
 func compare(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	only := fs.String("only", "isleader,handoff,takeover,fence", "which measurements to run, comma-separated")
-	systems := fs.String("systems", "sqlite,postgres,mariadb,client-go,etcd", "systems for the handoff and takeover trials: sqlite, postgres, mariadb, pgx, client-go, etcd")
+	systems := fs.String("systems", "sqlite,postgres,mariadb,client-go,etcd", "systems for the handoff and takeover trials: sqlite, postgres, mariadb, pgx, client-go, etcd, and etcd/procs (etcd's members each an OS process of its own, as -procs makes this package's)")
 	fenceSystems := fs.String("fence-systems", "sqlite,sqlite/own-pool,postgres,postgres+begin,mariadb,mariadb/own-pool,mariadb+ip,mariadb+begin,pgx,pgx+begin", "targets of the fenced-transaction comparison (mariadb+ip: the MySQL DSN with interpolateParams=true; mariadb+begin: the fenced form begun with cluster.BeginFenced on a pool of cluster.OpenMySQL, no START TRANSACTION; pgx+begin and postgres+begin: the fenced form begun with clusterpgx.BeginFenced or, through database/sql on a pool of clusterpgx.OpenDB, Cluster.BeginFenced, one round trip for the BEGIN and the fence; /own-pool: the application's transactions on a *sql.DB of their own rather than the member's, where Fence does not run the read New prepared)")
 	trials := fs.Int("trials", 30, "handoff and takeover trials per system")
 	ttl := fs.Duration("ttl", 2*time.Second, "LeaseTTL, client-go's LeaseDuration and etcd's session TTL (whole seconds)")
@@ -98,8 +98,10 @@ func compare(ctx context.Context, args []string) error {
 		r.tm.ttl, r.tm.heartbeat, *trials, mode, *pgHandoff, *procs, *seed, r.prefix)
 
 	parts := strings.Split(*only, ",")
+	names := strings.Split(*systems, ",")
 	needEtcd := slices.Contains(parts, "isleader") ||
-		((slices.Contains(parts, "handoff") || slices.Contains(parts, "takeover")) && slices.Contains(strings.Split(*systems, ","), "etcd"))
+		((slices.Contains(parts, "handoff") || slices.Contains(parts, "takeover")) &&
+			(slices.Contains(names, "etcd") || slices.Contains(names, "etcd/procs")))
 	if needEtcd {
 		if r.etcd, err = startEtcd(); err != nil {
 			return err
@@ -171,6 +173,11 @@ func (r *compareRun) newSystem(name string, kind trialKind) (system, error) {
 			return nil, errors.New("etcd: no embedded server")
 		}
 		return newEtcd(r.etcd, "/bench/"+string(kind), r.tm), nil
+	case "etcd/procs":
+		if r.etcd == nil {
+			return nil, errors.New("etcd/procs: no embedded server")
+		}
+		return newEtcdProcs(r.etcd, "/bench/procs/"+string(kind), r.tm), nil
 	}
 	tg, err := r.target(name)
 	if err != nil {
@@ -183,7 +190,7 @@ func (r *compareRun) newSystem(name string, kind trialKind) (system, error) {
 		o.label, o.configure = tg.name+r.pgSuffix, r.pgConfig
 	}
 	if r.procs {
-		return newProcSystem(tg, o, r.pgHandoff, r.verbose)
+		return newSQLFenceProcs(tg, o, r.pgHandoff, r.verbose)
 	}
 	return newSQLFence(tg, o)
 }

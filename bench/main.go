@@ -6,6 +6,7 @@
 //	go run . compare   # IsLeader ns/op, handoff, crash takeover, fenced transactions
 //	go run . scale     # N members in one process against one PostgreSQL
 //	go run . plot      # PNGs under plots/ from the JSON under results/
+//	go run . traces    # the steps of the handoffs of a traced compare run
 //
 // Every subcommand takes -h. Each run is bounded: a few minutes on a 2-core
 // machine with the defaults.
@@ -32,6 +33,8 @@ commands:
   scale    N members in one process against one PostgreSQL (directly or
            through a PgBouncer of its own)
   plot     PNG plots under plots/ from the JSON under results/
+  traces   the steps of each handoff of a compare run traced with
+           BENCH_TRACE=1 (its standard error saved to a file), medians
 
 Run "go run . <command> -h" for a command's flags.
 `
@@ -65,6 +68,8 @@ func main() {
 		err = scale(ctx, args)
 	case "plot":
 		err = plots(args)
+	case "traces":
+		err = traces(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(os.Stdout, usage)
 		return

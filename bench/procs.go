@@ -23,7 +23,9 @@ import (
 // $BENCH_MEMBER. Members then share no memory, so a release reaches the
 // others only through the database (NOTIFY on PostgreSQL, or their next
 // poll), as it does between the machines of a real deployment; a crash is
-// a SIGKILL.
+// a SIGKILL. System etcd/procs runs etcd's members the same way, each a
+// client process of the embedded server in the bench's process, so that
+// the two can be compared across processes alike.
 //
 // The child prints one line per fact on its standard output, each with its
 // wall-clock time in nanoseconds (the parent and the children read the same
@@ -58,6 +60,10 @@ type memberSpec struct {
 	Mode      releaseMode   `json:"mode"`
 	PgHandoff string        `json:"pgHandoff"` // applied to PostgreSQL members
 	Verbose   bool          `json:"verbose"`
+	// Etcd, when set, is the client URL of the parent's embedded etcd
+	// server: the child is then a member of etcd's concurrency.Election
+	// under the prefix Lease (system etcd/procs), not of this package.
+	Etcd string `json:"etcd,omitempty"`
 }
 
 // runMember is the child's main.
@@ -65,6 +71,9 @@ func runMember(ctx context.Context, spec string) error {
 	var m memberSpec
 	if err := json.Unmarshal([]byte(spec), &m); err != nil {
 		return fmt.Errorf("$%s: %w", memberEnv, err)
+	}
+	if m.Etcd != "" {
+		return runEtcdMember(m)
 	}
 	tg := target{name: m.Name, dialect: cluster.Dialect(m.Dialect), driver: m.Driver, dsn: m.DSN, pgx: m.Pgx, prefix: m.Prefix}
 	db, err := tg.openMember(ctx, m.Conns)
@@ -85,12 +94,7 @@ func runMember(ctx context.Context, spec string) error {
 			return err
 		}
 	}
-	var out sync.Mutex
-	say := func(format string, args ...any) {
-		out.Lock()
-		defer out.Unlock()
-		fmt.Fprintf(os.Stdout, format+"\n", args...)
-	}
+	say := sayer()
 	cfg.LeaseName = m.Lease
 	cfg.LeaseTTL, cfg.HeartbeatInterval = m.TTL, m.Heartbeat
 	cfg.Logger = quietLogger(m.Verbose)
@@ -111,25 +115,7 @@ func runMember(ctx context.Context, spec string) error {
 
 	// IsLeader also turns false by itself when a trust window ends, with
 	// no event: sample it.
-	done := make(chan struct{})
-	var watch sync.WaitGroup
-	watch.Go(func() {
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		was := false
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			if now := c.IsLeader(); now != was {
-				was = now
-				say("leads %d", map[bool]int{false: 0, true: 1}[now])
-			}
-		}
-	})
-	stopWatch := func() { close(done); watch.Wait() }
+	stopWatch := watchLeads(c.IsLeader, say)
 
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -153,6 +139,78 @@ func runMember(ctx context.Context, spec string) error {
 	return c.Shutdown(ctx)
 }
 
+// runEtcdMember is the child's main for a member of etcd/procs: it
+// campaigns as the in-process etcd members do and speaks the same
+// protocol as a member of this package. A release resigns and leaves (the
+// session is revoked), as the in-process members' release does, and the
+// child exits.
+func runEtcdMember(m memberSpec) error {
+	say := sayer()
+	srv := &etcdServer{endpoint: m.Etcd}
+	mem, err := startEtcdMember(srv, m.Lease, m.ID, int(m.TTL/time.Second), func() {
+		say("acquired %d", time.Now().UnixNano())
+	})
+	if err != nil {
+		return err
+	}
+	say("ready")
+	stopWatch := watchLeads(mem.isLeader, say)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() != "release" {
+			continue
+		}
+		mem.leading.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := mem.el.Resign(ctx)
+		cancel()
+		mem.close()
+		stopWatch()
+		say("leads 0")
+		say("released %s", errText(err))
+		return nil
+	}
+	stopWatch()
+	mem.close()
+	return nil
+}
+
+// sayer returns a function that prints one line on standard output at a
+// time.
+func sayer() func(format string, args ...any) {
+	var out sync.Mutex
+	return func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+}
+
+// watchLeads samples leads every millisecond and says "leads 0|1" when it
+// changes (a lease check also turns false by itself, with no event), until
+// the function it returns is called.
+func watchLeads(leads func() bool, say func(format string, args ...any)) (stop func()) {
+	done := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		was := false
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if now := leads(); now != was {
+				was = now
+				say("leads %d", map[bool]int{false: 0, true: 1}[now])
+			}
+		}
+	})
+	return func() { close(done); watch.Wait() }
+}
+
 func errText(err error) string {
 	if err == nil {
 		return "-"
@@ -160,10 +218,10 @@ func errText(err error) string {
 	return strings.ReplaceAll(err.Error(), "\n", " ")
 }
 
-// procSystem runs members of this package as child processes. The lease
-// row and the tables are read and dropped through base's handle.
+// procSystem runs members as child processes: of this package
+// (sqlfenceProcs) or of etcd's election (newEtcdProcs).
 type procSystem struct {
-	base    *sqlfenceSystem // its members stay empty
+	label   string
 	spec    memberSpec
 	acq     chan acquisition
 	mu      sync.Mutex
@@ -179,29 +237,50 @@ type procMember struct {
 	exited   chan struct{} // closed once the process is waited for
 }
 
-func newProcSystem(tg target, o sqlfenceOptions, pgHandoff string, verbose bool) (*procSystem, error) {
+func newProcSystem(label string, spec memberSpec, members int) *procSystem {
+	return &procSystem{label: label, spec: spec, acq: make(chan acquisition, 4096), members: make([]*procMember, members)}
+}
+
+// sqlfenceProcs is a procSystem of this package's members. The lease row
+// and the tables are read and dropped through base's handle.
+type sqlfenceProcs struct {
+	*procSystem
+	base *sqlfenceSystem // its members stay empty
+}
+
+func newSQLFenceProcs(tg target, o sqlfenceOptions, pgHandoff string, verbose bool) (*sqlfenceProcs, error) {
 	base, err := newSQLFence(tg, o)
 	if err != nil {
 		return nil, err
 	}
-	base.label += "/procs"
-	return &procSystem{
-		base: base,
-		spec: memberSpec{
-			Name: tg.name, DSN: tg.dsn, Pgx: tg.pgx, Dialect: string(tg.dialect), Driver: tg.driver, Prefix: tg.prefix,
-			Lease: o.lease, Conns: o.conns, TTL: o.tm.ttl, Heartbeat: o.tm.heartbeat, Mode: o.mode,
-			PgHandoff: pgHandoff, Verbose: verbose,
-		},
-		acq:     make(chan acquisition, 4096),
-		members: make([]*procMember, o.members),
-	}, nil
+	spec := memberSpec{
+		Name: tg.name, DSN: tg.dsn, Pgx: tg.pgx, Dialect: string(tg.dialect), Driver: tg.driver, Prefix: tg.prefix,
+		Lease: o.lease, Conns: o.conns, TTL: o.tm.ttl, Heartbeat: o.tm.heartbeat, Mode: o.mode,
+		PgHandoff: pgHandoff, Verbose: verbose,
+	}
+	return &sqlfenceProcs{procSystem: newProcSystem(base.name()+"/procs", spec, o.members), base: base}, nil
 }
 
-func (s *procSystem) name() string                     { return s.base.name() }
+func (s *sqlfenceProcs) leaseRow(ctx context.Context) (leaseRow, error) { return s.base.leaseRow(ctx) }
+
+func (s *sqlfenceProcs) close(ctx context.Context) error {
+	s.procSystem.close(ctx)
+	return s.base.close(ctx)
+}
+
+var _ leaseRows = (*sqlfenceProcs)(nil)
+
+// newEtcdProcs is etcd/procs: members of etcd's concurrency.Election under
+// prefix, each an OS process of its own, against the embedded server of
+// this process, so that across processes both sides are compared alike.
+// Their release resigns and leaves, as the in-process members' does.
+func newEtcdProcs(srv *etcdServer, prefix string, tm timings) *procSystem {
+	return newProcSystem("etcd/procs", memberSpec{Name: "etcd", Etcd: srv.endpoint, Lease: prefix, TTL: tm.ttl, Mode: releaseShutdown}, slots)
+}
+
+func (s *procSystem) name() string                     { return s.label }
 func (s *procSystem) size() int                        { return len(s.members) }
 func (s *procSystem) acquisitions() <-chan acquisition { return s.acq }
-
-func (s *procSystem) leaseRow(ctx context.Context) (leaseRow, error) { return s.base.leaseRow(ctx) }
 
 func (s *procSystem) start(ctx context.Context, slot int) error {
 	s.mu.Lock()
@@ -367,7 +446,5 @@ func (s *procSystem) close(ctx context.Context) error {
 		wg.Go(func() { s.stop(ctx, slot) })
 	}
 	wg.Wait()
-	return s.base.close(ctx)
+	return nil
 }
-
-var _ leaseRows = (*procSystem)(nil)
