@@ -7,6 +7,7 @@
 //	go run . scale     # N members in one process against one PostgreSQL
 //	go run . plot      # PNGs under plots/ from the JSON under results/
 //	go run . traces    # the steps of the handoffs of a traced compare run
+//	go run . pool      # the trials of several compare runs together
 //
 // Every subcommand takes -h. Each run is bounded: a few minutes on a 2-core
 // machine with the defaults.
@@ -35,6 +36,8 @@ commands:
   plot     PNG plots under plots/ from the JSON under results/
   traces   the steps of each handoff of a compare run traced with
            BENCH_TRACE=1 (its standard error saved to a file), medians
+  pool     the percentiles of the trials of several compare runs together
+           (their handoff.json or takeover.json files)
 
 Run "go run . <command> -h" for a command's flags.
 `
@@ -70,6 +73,8 @@ func main() {
 		err = plots(args)
 	case "traces":
 		err = traces(args)
+	case "pool":
+		err = pool(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(os.Stdout, usage)
 		return
