@@ -359,12 +359,16 @@ ON DUPLICATE KEY UPDATE scope = scope;
 
 -- name: lane_renew
 -- args: ttl ms, scope, instance. Renews every unexpired lane of the
--- instance, in one statement.
+-- instance, in one statement. Not a lane a release or an operator ended
+-- (expires_at = renewed_at): MySQL reads the clock when the statement
+-- starts, so a renew that waited for the lock of a release that ended the
+-- claim would find it unexpired by that earlier clock.
 UPDATE {{prefix}}lanes
 SET renewed_at = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
     expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?
 WHERE scope = ? AND instance = ?
-  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+  AND expires_at > renewed_at;
 
 -- name: lane_report
 -- args: scope, window ms, scope, instance, window ms, scope, scope,

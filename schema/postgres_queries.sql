@@ -435,17 +435,19 @@ ON CONFLICT (scope, lane) DO NOTHING;
 -- them) and returns, on one row per lane of the instance (one row with
 -- NULL lane columns when it has none): the lanes of scope held within the
 -- window, the other live members that take lanes, the config version
--- (NULL when none), now, lane, token, acquired, expires.
+-- (NULL when none), now, lane, token, acquired, expires. A lane a
+-- release or an operator ended (expires_at = renewed_at) is not renewed,
+-- even when that release committed after this statement read its clock.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ), renewed AS (
     UPDATE {{prefix}}lanes AS l
     SET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint
     FROM clock c
-    WHERE l.scope = $2 AND l.instance = $3 AND l.expires_at > c.now_ms
+    WHERE l.scope = $2 AND l.instance = $3 AND l.expires_at > c.now_ms AND l.expires_at > l.renewed_at
       AND l.lane IN (
           SELECT k.lane FROM {{prefix}}lanes k, clock c2
-          WHERE k.scope = $2 AND k.instance = $3 AND k.expires_at > c2.now_ms
+          WHERE k.scope = $2 AND k.instance = $3 AND k.expires_at > c2.now_ms AND k.expires_at > k.renewed_at
           FOR UPDATE OF k SKIP LOCKED)
     RETURNING l.lane, l.fencing_token, l.acquired_at, l.expires_at
 ), mine AS (

@@ -266,11 +266,13 @@ ON CONFLICT (scope, lane) DO NOTHING;
 
 -- name: lane_renew
 -- args: ttl ms, scope, instance. Renews every unexpired lane of the
--- instance, in one statement.
+-- instance, in one statement; not a lane a release or an operator ended
+-- (expires_at = renewed_at), as on the other dialects.
 UPDATE {{prefix}}lanes
 SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1
-WHERE scope = ?2 AND instance = ?3 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+WHERE scope = ?2 AND instance = ?3 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+  AND expires_at > renewed_at;
 
 -- name: lane_report
 -- args: scope, window ms, scope, instance, window ms, scope, scope,
