@@ -35,11 +35,15 @@ WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00
 -- args: ttl ms, name, holder, instance, token.
 -- renewed_at always grows, so a matched row always counts as changed;
 -- LAST_INSERT_ID(expr) keeps the new expiry for last_insert_id to read.
+-- Not a term a release ended (expires_at = renewed_at): MySQL reads the
+-- clock when the statement starts, so a renew that waited for the lock of
+-- that release would find the term unexpired by its earlier clock.
 UPDATE {{prefix}}lease
 SET renewed_at = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
     expires_at = LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?)
 WHERE name = ? AND holder = ? AND instance = ? AND fencing_token = ?
-  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+  AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+  AND expires_at > renewed_at;
 
 -- name: last_insert_id
 -- args: none. The value of the session's last LAST_INSERT_ID(expr).

@@ -106,7 +106,9 @@ $rehearse$;
 
 -- name: renew
 -- args: ttl ms, name, holder, instance, token. Returns the new expiry. The
--- renew is also the leader's membership heartbeat.
+-- renew is also the leader's membership heartbeat. Not a term a release
+-- ended (expires_at = renewed_at), even one whose release committed while
+-- this statement, its clock read, waited for the row's lock.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ), seen AS (
@@ -117,7 +119,7 @@ UPDATE {{prefix}}lease AS l
 SET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint
 FROM clock c
 WHERE l.name = $2 AND l.holder = $3 AND l.instance = $4 AND l.fencing_token = $5
-  AND l.expires_at > c.now_ms
+  AND l.expires_at > c.now_ms AND l.expires_at > l.renewed_at
 RETURNING l.expires_at;
 
 -- name: release

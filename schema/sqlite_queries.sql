@@ -26,12 +26,14 @@ WHERE expires_at <= excluded.acquired_at
 RETURNING true, holder, instance, fencing_token, expires_at, endpoint, acquired_at;
 
 -- name: renew
--- args: ttl ms, name, holder, instance, token. Returns the new expiry.
+-- args: ttl ms, name, holder, instance, token. Returns the new expiry. Not
+-- a term a release ended (expires_at = renewed_at), as on the other
+-- dialects.
 UPDATE {{prefix}}lease
 SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1
 WHERE name = ?2 AND holder = ?3 AND instance = ?4 AND fencing_token = ?5
-  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND expires_at > renewed_at
 RETURNING expires_at;
 
 -- name: release
