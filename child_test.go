@@ -102,9 +102,19 @@ func childMain() int {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
+			before := time.Now()
 			leader := c.IsLeader()
 			if gap := time.Since(last); gap > 300*time.Millisecond {
-				say("resumed leader=%v gap=%v", leader, gap.Round(time.Millisecond))
+				// The stop may have come after that sample (the goroutine
+				// descheduled between it and the clock read above, on a
+				// busy machine), which then predates the stop: sample
+				// again, after the stop for certain. The first counts too
+				// when the gap began before it.
+				after := c.IsLeader()
+				if before.Sub(last) > 300*time.Millisecond {
+					after = after || leader
+				}
+				say("resumed leader=%v gap=%v", after, gap.Round(time.Millisecond))
 			}
 			last = time.Now()
 		}
