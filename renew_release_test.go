@@ -2,7 +2,9 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,77 @@ import (
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 )
+
+// releaseRace stages a release that commits while a renew of the same
+// row waits for its lock, on a provider over fresh tables of one dialect.
+type releaseRace struct {
+	db     *sql.DB
+	p      *cluster.DBProvider
+	prefix string
+	now    string // the database clock in unix ms, as the package's statements read it
+	pg     bool
+}
+
+func newReleaseRace(t *testing.T, d cluster.Dialect) releaseRace {
+	t.Helper()
+	tg := testdb.New(t, d)
+	db := tg.Open(t)
+	p, err := cluster.NewDBProvider(db, d, tg.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := releaseRace{db: db, p: p, prefix: tg.Prefix, now: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"}
+	if d == cluster.Postgres {
+		r.now, r.pg = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint", true
+	}
+	return r
+}
+
+// bind turns q's ? placeholders into PostgreSQL's $n there.
+func (r releaseRace) bind(q string) string {
+	for i := 1; r.pg && strings.Contains(q, "?"); i++ {
+		q = strings.Replace(q, "?", "$"+strconv.Itoa(i), 1)
+	}
+	return q
+}
+
+// run locks the rows of table that match where (with args) in a
+// transaction, starts renew, which waits for that lock after reading its
+// clock, ends the rows' claim in the locking transaction as a release
+// does, and commits. It returns how long the first such row is held
+// after (0 or less: released) and renew's error.
+func (r releaseRace) run(t *testing.T, table, where string, args []any, renew func() error) (int64, error) {
+	t.Helper()
+	ctx := context.Background()
+	table = r.prefix + table
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var one int
+	if err := tx.QueryRowContext(ctx, r.bind("SELECT 1 FROM "+table+" WHERE "+where+" FOR UPDATE"), args...).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	renewed := make(chan error, 1)
+	go func() { renewed <- renew() }()
+	time.Sleep(100 * time.Millisecond) // the renew has read its clock
+	if _, err := tx.ExecContext(ctx, r.bind("UPDATE "+table+" SET renewed_at = "+r.now+", expires_at = "+r.now+" WHERE "+where), args...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	renewErr := <-renewed
+	var left int64
+	if err := r.db.QueryRowContext(ctx, r.bind("SELECT expires_at - "+r.now+" FROM "+table+" WHERE "+where), args...).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	return left, renewErr
+}
 
 // A lane released while a renew of its holder waits for the row's lock
 // stays released. MySQL reads a statement's clock when the statement
@@ -23,65 +96,21 @@ import (
 func TestLaneRenewDoesNotReviveAReleasedLane(t *testing.T) {
 	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} {
 		t.Run(string(d), func(t *testing.T) {
-			tg := testdb.New(t, d)
+			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			db := tg.Open(t)
-			p, err := cluster.NewDBProvider(db, d, tg.Prefix)
+			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
+				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
+				t.Fatal(err)
+			}
+			left, err := r.run(t, "lanes", "scope = ? AND lane = ?", []any{"s", "k"}, func() error {
+				_, err := r.p.RenewLanes(ctx, "s", "i", time.Minute, time.Minute)
+				return err
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := p.Init(ctx); err != nil {
-				t.Fatal(err)
-			}
-			now := "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"
-			bind := func(q string) string { return q }
-			if d == cluster.Postgres {
-				now = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-				bind = func(q string) string {
-					for i := 1; strings.Contains(q, "?"); i++ {
-						q = strings.Replace(q, "?", "$"+string(rune('0'+i)), 1)
-					}
-					return q
-				}
-			}
-			lanes := tg.Prefix + "lanes"
-			if _, err := db.ExecContext(ctx, bind("INSERT INTO "+lanes+" (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
-				"VALUES (?, ?, 'h', 'i', 1, "+now+", "+now+", "+now+" + 60000)"), "s", "k"); err != nil {
-				t.Fatal(err)
-			}
-
-			// The release's transaction locks the lane row; the renew
-			// starts and waits for it.
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			var one int
-			if err := tx.QueryRowContext(ctx, bind("SELECT 1 FROM "+lanes+" WHERE scope = ? AND lane = ? FOR UPDATE"), "s", "k").Scan(&one); err != nil {
-				t.Fatal(err)
-			}
-			renewed := make(chan error, 1)
-			go func() {
-				_, err := p.RenewLanes(ctx, "s", "i", time.Minute, time.Minute)
-				renewed <- err
-			}()
-			time.Sleep(100 * time.Millisecond) // the renew has read its clock
-			if _, err := tx.ExecContext(ctx, bind("UPDATE "+lanes+" SET renewed_at = "+now+", expires_at = "+now+" WHERE scope = ? AND lane = ?"), "s", "k"); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-renewed; err != nil {
-				t.Fatal(err)
-			}
-			var renewedAt, expiresAt, at int64
-			if err := db.QueryRowContext(ctx, bind("SELECT renewed_at, expires_at, "+now+" FROM "+lanes+" WHERE scope = ? AND lane = ?"), "s", "k").Scan(&renewedAt, &expiresAt, &at); err != nil {
-				t.Fatal(err)
-			}
-			if expiresAt > at {
-				t.Fatalf("the lane released while a renew waited is held for %d ms more (renewed at %d, expires at %d): the renew extended the ended claim", expiresAt-at, renewedAt, expiresAt)
+			if left > 0 {
+				t.Fatalf("the lane released while a renew waited is held for %d ms more: the renew extended the ended claim", left)
 			}
 		})
 	}
@@ -95,56 +124,21 @@ func TestLaneRenewDoesNotReviveAReleasedLane(t *testing.T) {
 func TestRenewDoesNotReviveAReleasedTerm(t *testing.T) {
 	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} {
 		t.Run(string(d), func(t *testing.T) {
-			tg := testdb.New(t, d)
+			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			db := tg.Open(t)
-			p, err := cluster.NewDBProvider(db, d, tg.Prefix)
+			l, err := r.p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "h", Instance: "i", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := p.Init(ctx); err != nil {
-				t.Fatal(err)
-			}
-			l, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "h", Instance: "i", TTL: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			now := "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"
-			mark := "?"
-			if d == cluster.Postgres {
-				now, mark = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint", "$1"
-			}
-			lease := tg.Prefix + "lease"
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			var one int
-			if err := tx.QueryRowContext(ctx, "SELECT 1 FROM "+lease+" WHERE name = "+mark+" FOR UPDATE", "leader").Scan(&one); err != nil {
-				t.Fatal(err)
-			}
-			renewed := make(chan error, 1)
-			go func() {
-				_, err := p.Renew(ctx, l, time.Minute)
-				renewed <- err
-			}()
-			time.Sleep(100 * time.Millisecond) // the renew has read its clock
-			if _, err := tx.ExecContext(ctx, "UPDATE "+lease+" SET renewed_at = "+now+", expires_at = "+now+" WHERE name = "+mark, "leader"); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-renewed; !errors.Is(err, cluster.ErrLeaseLost) {
+			left, err := r.run(t, "lease", "name = ?", []any{"leader"}, func() error {
+				_, err := r.p.Renew(ctx, l, time.Minute)
+				return err
+			})
+			if !errors.Is(err, cluster.ErrLeaseLost) {
 				t.Errorf("the renew of a term released while it waited returned %v, want ErrLeaseLost", err)
 			}
-			var expiresAt, at int64
-			if err := db.QueryRowContext(ctx, "SELECT expires_at, "+now+" FROM "+lease+" WHERE name = "+mark, "leader").Scan(&expiresAt, &at); err != nil {
-				t.Fatal(err)
-			}
-			if expiresAt > at {
-				t.Fatalf("the term released while a renew waited is held for %d ms more: the renew extended it", expiresAt-at)
+			if left > 0 {
+				t.Fatalf("the term released while a renew waited is held for %d ms more: the renew extended it", left)
 			}
 		})
 	}
