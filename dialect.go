@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -79,7 +80,7 @@ type queries struct {
 	NodeLeave       string `sql:"node_leave"`       // scope, instance
 	Members         string `sql:"members"`          // scope
 	TipsList        string `sql:"tips_list"`        // (none)
-	LeaseExpire     string `sql:"lease_expire"`     // name
+	LeaseExpire     string `sql:"lease_expire"`     // name, token
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
 	StoreIdentity   string `sql:"store_identity"`   // (none)
@@ -89,7 +90,7 @@ type queries struct {
 	LaneRead       string `sql:"lane_read"`        // scope, lane
 	LaneCreate     string `sql:"lane_create"`      // scope, lane
 	LaneList       string `sql:"lane_list"`        // scope
-	LaneExpire     string `sql:"lane_expire"`      // scope, lane
+	LaneExpire     string `sql:"lane_expire"`      // scope, lane, token
 	LaneRelease    string `sql:"lane_release"`     // scope, lane, holder, instance
 	LaneReleaseAll string `sql:"lane_release_all"` // scope, holder, instance
 	LaneJoin       string `sql:"lane_join"`        // scope, instance
@@ -193,6 +194,25 @@ func schemaFile(name, prefix string) string {
 	}
 	return strings.ReplaceAll(string(b), "{{prefix}}", prefix)
 }
+
+// queryFile reads an embedded queries file with every table and function
+// it names qualified by schema (a quoted schema name and a dot, "main.",
+// or "" for none), so that a temporary table of the same name, which
+// PostgreSQL and SQLite look up first, cannot stand in for the package's
+// own. {{prefix}} inside a string literal (a NOTIFY channel, a setting's
+// name) or after a dot is a name, not a table, and is left unqualified.
+func queryFile(name, prefix, schema string) string {
+	b, err := schemaFS.ReadFile("schema/" + name)
+	if err != nil {
+		panic("cluster: missing embedded schema/" + name) // a build defect, not input
+	}
+	src := tableRef.ReplaceAllString(string(b), "${1}"+strings.ReplaceAll(schema+prefix, "$", "$$"))
+	return strings.ReplaceAll(src, "{{prefix}}", prefix)
+}
+
+// tableRef matches {{prefix}} where it starts an identifier: not inside a
+// quoted name or after a dot.
+var tableRef = regexp.MustCompile(`(^|[^'.\w])\{\{prefix\}\}`)
 
 // dialects makes the dialect types, by name.
 var dialects = map[Dialect]func(prefix string) dialect{

@@ -44,7 +44,9 @@ type mySQL struct {
 
 func newMySQL(prefix string) dialect {
 	d := &mySQL{}
-	loadQueries("mysql_queries.sql", schemaFile("mysql_queries.sql", prefix), &d.q)
+	// Unqualified: MySQL looks a temporary table up first even in a
+	// qualified name (see prepare's warning).
+	loadQueries("mysql_queries.sql", queryFile("mysql_queries.sql", prefix, ""), &d.q)
 	return d
 }
 

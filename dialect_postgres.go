@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -16,11 +17,16 @@ import (
 // advisory lock. pgx cancels a statement on the server when its context
 // ends, so lease statements need no other bound.
 type postgres struct {
+	prefix   string
 	scratch  string // the warm-up's scratch lease name ends with it
 	warmFlag string // the session setting the warm query sets
+	// schemaMu guards schema, the quoted schema the queries name their
+	// tables in, set once by prepare ("" before: unqualified).
+	schemaMu sync.Mutex
+	schema   string
 	q        struct {
 		queries
-		CurrentSchema string `sql:"current_schema"`   // (none)
+		CurrentSchema string `sql:"current_schema"`   // lease table
 		SchemaLock    string `sql:"schema_lock"`      // lock key, lock timeout ms
 		Warm          string `sql:"warm"`             // (none)
 		Rehearse      string `sql:"rehearse_release"` // (none)
@@ -35,12 +41,18 @@ type postgres struct {
 }
 
 func newPostgres(prefix string) dialect {
-	d := &postgres{}
-	loadQueries("postgres_queries.sql", schemaFile("postgres_queries.sql", prefix), &d.q)
+	d := &postgres{prefix: prefix, scratch: newInstanceID(), warmFlag: "sqlfence." + prefix + "warm"}
+	d.load("")
+	return d
+}
+
+// load fills d's queries, their tables qualified by schema (quoted, with
+// its dot; "" for none).
+func (d *postgres) load(schema string) {
+	loadQueries("postgres_queries.sql", queryFile("postgres_queries.sql", d.prefix, schema), &d.q)
 	if strings.Contains(d.q.Acquire, "$grant$") || !strings.Contains(d.q.Warm, "{{acquire}}") {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
-	d.scratch, d.warmFlag = newInstanceID(), "sqlfence."+prefix+"warm"
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
 	d.q.Rehearse = strings.ReplaceAll(d.q.Rehearse, "{{scratch}}", d.scratch)
 	// A handed-over term's share of the TTL: the followers' expiry wake
@@ -49,8 +61,10 @@ func newPostgres(prefix string) dialect {
 	for _, q := range []*string{&d.q.Release, &d.q.ReleaseInstance, &d.q.Rehearse} {
 		*q = strings.ReplaceAll(*q, "{{handed_share}}", share)
 	}
-	return d
 }
+
+// quoteIdent quotes a PostgreSQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // warmListener readies conn, a listening connection, for the attempt of a
 // named successor that it will run (ListenConnPool): in a transaction it
@@ -102,16 +116,28 @@ func (d *postgres) markHearing(ctx context.Context, conn Querier, scope, instanc
 func (d *postgres) name() Dialect     { return Postgres }
 func (d *postgres) queries() *queries { return &d.q.queries }
 
-// prepare checks that there is a schema to create the tables in: the
-// schema file pins it, with pg_temp after it, into the guard functions.
+// prepare resolves the schema of the cluster tables, the first time it
+// runs, and qualifies every statement's tables with it: a temporary table
+// of the same name on a session (the application's, or another client's
+// left on a pooler's server connection) would otherwise stand in for the
+// lease, and the node would renew and fence a copy. It fails when there
+// is no schema to create the tables in; the schema file pins the same
+// schema, with pg_temp after it, into the guard functions.
 func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
+	d.schemaMu.Lock()
+	defer d.schemaMu.Unlock()
+	if d.schema != "" {
+		return nil
+	}
 	var cur sql.NullString
-	if err := conn.QueryRow(ctx, d.q.CurrentSchema).Scan(&cur); err != nil {
+	if err := conn.QueryRow(ctx, d.q.CurrentSchema, d.prefix+"lease").Scan(&cur); err != nil {
 		return p.wrap("read current schema", err)
 	}
 	if !cur.Valid {
 		return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
 	}
+	d.schema = quoteIdent(cur.String) + "."
+	d.load(d.schema)
 	return nil
 }
 

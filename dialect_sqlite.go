@@ -24,7 +24,8 @@ type sqlite struct {
 
 func newSQLite(prefix string) dialect {
 	d := &sqlite{}
-	loadQueries("sqlite_queries.sql", schemaFile("sqlite_queries.sql", prefix), &d.q)
+	// main.: a temporary table of the same name is looked up first.
+	loadQueries("sqlite_queries.sql", queryFile("sqlite_queries.sql", prefix, "main."), &d.q)
 	return d
 }
 

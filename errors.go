@@ -73,7 +73,8 @@ var (
 	ErrLeaseDeleted = errors.New("cluster: lease rows may not be deleted")
 
 	// ErrTokenLowered reports an attempt to lower a fencing token or a
-	// high-water mark; the database refuses it.
+	// high-water mark, or to hand a lease or lane to another holder
+	// without a new token; the database refuses it.
 	ErrTokenLowered = errors.New("cluster: fencing tokens may not go back")
 
 	// ErrRollbackDetected reports that the database holds less than it once

@@ -1,6 +1,9 @@
 package cluster
 
-import "time"
+import (
+	"database/sql"
+	"time"
+)
 
 // Hooks for the external tests (package cluster_test).
 
@@ -76,3 +79,6 @@ func SetRowCheckEvery(t interface{ Cleanup(func()) }, d time.Duration) {
 	rowCheckEvery = d
 	t.Cleanup(func() { rowCheckEvery = was })
 }
+
+// TxQuerier is the package's Querier over a database/sql transaction.
+func TxQuerier(tx *sql.Tx) Querier { return sqlQuerier{tx} }

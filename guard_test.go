@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -224,7 +225,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			appendAudit(t, tg, a, table, 1, 2)
 			for _, q := range []string{
 				"TRUNCATE " + tg.Prefix + "lease",
-				"DROP TRIGGER " + map[cluster.Dialect]string{cluster.Postgres: tg.Prefix + "lease_guard ON " + tg.Prefix + "lease", cluster.MySQL: tg.Prefix + "lease_update_v3"}[d],
+				"DROP TRIGGER " + map[cluster.Dialect]string{cluster.Postgres: tg.Prefix + "lease_guard ON " + tg.Prefix + "lease", cluster.MySQL: tg.Prefix + "lease_update_v7"}[d],
 				"DROP TABLE " + tg.Prefix + "high_water",
 			} {
 				if _, err := app.ExecContext(ctx, q); err == nil || !(strings.Contains(err.Error(), "denied") || strings.Contains(err.Error(), "42501")) {
@@ -233,4 +234,74 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A fencing token belongs to one holder. A statement that hands the lease
+// or a lane to another holder or instance without raising the token (an
+// application's UPDATE under its own role, say) is refused by the
+// database on every dialect, so the node it names can never take up a
+// term whose token another node held; naming no holder is allowed only
+// once the term is over (an operator retiring the lease).
+func TestTermCannotChangeHandsUnderOneToken(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		a := start(t, tg, "a")
+		leaderOf(t, 5*time.Second, a)
+		b := start(t, tg, "b")
+		leaderOf(t, 5*time.Second, a, b)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		token := a.FencingToken()
+		if _, err := claimLane(ctx, a, "k"); err != nil {
+			t.Fatal(err)
+		}
+		var instB string
+		members, err := a.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range members {
+			if m.NodeID == "b" {
+				instB = m.Instance
+			}
+		}
+		if instB == "" {
+			t.Fatalf("b is not among the members %+v", members)
+		}
+		lease, lanes := tg.Prefix+"lease", tg.Prefix+"lanes"
+		for _, q := range []string{
+			"UPDATE " + lease + " SET holder = 'b', instance = ?",
+			"UPDATE " + lease + " SET instance = ?",
+			"UPDATE " + lease + " SET holder = 'b' WHERE instance <> ?",
+			"UPDATE " + lease + " SET holder = '', instance = '' WHERE instance <> ?", // the term is not over
+			"UPDATE " + lanes + " SET holder = 'b', instance = ?",
+			"UPDATE " + lanes + " SET instance = ?",
+			"UPDATE " + lanes + " SET holder = '', instance = '' WHERE instance <> ?",
+		} {
+			refusedWith(t, tg, db, "SF009", cluster.ErrTokenLowered, bind(tg.Dialect, q), instB)
+		}
+		time.Sleep(2 * testdb.Heartbeat)
+		if !a.IsLeader() || b.IsLeader() || a.FencingToken() != token {
+			t.Fatalf("after the refused statements a leads %v (token %d, want %d), b leads %v", a.IsLeader(), a.FencingToken(), token, b.IsLeader())
+		}
+		if owner, err := b.LaneOwner(ctx, "k"); err != nil || owner.Holder != "a" {
+			t.Fatalf("lane k's owner = %+v, %v; want a", owner, err)
+		}
+
+		// Over, the term may name nobody: the token stays with the row,
+		// and the next grant raises it.
+		b.Shutdown(ctx)
+		a.Shutdown(ctx)
+		if _, err := db.ExecContext(ctx, "UPDATE "+lease+" SET holder = '', instance = '', endpoint = ''"); err != nil {
+			t.Fatalf("naming no holder after the term: %v", err)
+		}
+		c := start(t, tg, "c")
+		leaderOf(t, 5*time.Second, c)
+		if got := c.FencingToken(); got != token+1 {
+			t.Fatalf("the next term has token %d, want %d", got, token+1)
+		}
+	})
 }

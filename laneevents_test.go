@@ -69,7 +69,7 @@ func TestLaneEventsStatsAndObserver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := p.ForceReleaseLane(ctx, "leader", "k2"); !ok || err != nil {
+		if ok, err := p.ForceReleaseLane(ctx, "leader", "k2", 1); !ok || err != nil {
 			t.Fatalf("ForceReleaseLane = %v, %v", ok, err)
 		}
 		if e := a.events.wait(t, cluster.EventLaneLost, 2*time.Second); e.Lane != "k2" || e.Reason != cluster.ReasonLaneTaken || e.FencingToken != 1 {

@@ -2,8 +2,12 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -63,4 +67,81 @@ func BenchmarkOwnsLane(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkLaneHistory measures a claim and release of a lane never used
+// before (one op: begin, ClaimLane, commit, ReleaseLane) on a node whose
+// lease name already has history released lanes, all once held by this
+// node's process: services key lanes by tenant, partition or order id,
+// so history grows without end, and a claim must not slow down with it.
+// It reports the median (median-ms/op) besides the mean. Run with a fixed
+// count, as BENCHMARKS.md does:
+//
+//	go test -run '^$' -bench BenchmarkLaneHistory -benchtime 200x .
+func BenchmarkLaneHistory(b *testing.B) {
+	for _, d := range testdb.Dialects {
+		for _, history := range []int{0, 20_000, 200_000} {
+			b.Run(fmt.Sprintf("%s/history=%d", d, history), func(b *testing.B) {
+				tg := testdb.New(b, d)
+				db := tg.Open(b)
+				cfg := tg.Config(b, db, "bench")
+				cfg.Logger = nil
+				ctx := context.Background()
+				c, err := cluster.New(ctx, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Shutdown(ctx)
+				members, err := c.Members(ctx)
+				if err != nil || len(members) != 1 {
+					b.Fatal(members, err)
+				}
+				addLaneHistory(b, tg, db, members[0].Instance, history)
+				var took []time.Duration
+				i := 0
+				for b.Loop() {
+					key := fmt.Sprintf("fresh-%d", i)
+					i++
+					start := time.Now()
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := c.ClaimLane(ctx, tx, key); err != nil {
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+					if err := c.ReleaseLane(ctx, key); err != nil {
+						b.Fatal(err)
+					}
+					took = append(took, time.Since(start))
+				}
+				slices.Sort(took)
+				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "median-ms/op")
+			})
+		}
+	}
+}
+
+// addLaneHistory adds n lanes of lease name "leader" that instance held
+// and released an hour ago, in batches of 1000 rows.
+func addLaneHistory(b *testing.B, tg testdb.Target, db *sql.DB, instance string, n int) {
+	b.Helper()
+	ago := time.Now().Add(-time.Hour).UnixMilli()
+	for done := 0; done < n; {
+		var q strings.Builder
+		q.WriteString("INSERT INTO " + tg.Prefix + "lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) VALUES ")
+		for j := 0; j < 1000 && done < n; j++ {
+			if j > 0 {
+				q.WriteString(", ")
+			}
+			fmt.Fprintf(&q, "('leader', 'old-%d', 'bench', '%s', 1, %d, %d, %d)", done, instance, ago, ago, ago)
+			done++
+		}
+		if _, err := db.Exec(q.String()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -130,12 +130,18 @@ func TestLaneOwner(t *testing.T) {
 			t.Fatalf("ListLanes of another lease name = %+v, %v", other, err)
 		}
 
-		// Forced release: the lane is free at once, with its token kept, so
+		// Forced release: it names the claim it ends by its token, and ends
+		// no other; the lane is then free at once, with its token kept, so
 		// the next claim, by anyone, gets the next token.
-		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1"); !released || err != nil {
+		var held *cluster.LaneHeldError
+		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1", token-1); released || !errors.As(err, &held) ||
+			held.Holder != "a" || held.FencingToken != token || held.Lane != "orders-1" {
+			t.Fatalf("ForceReleaseLane of another token = %v, %v; want false and a LaneHeldError naming a with token %d", released, err, token)
+		}
+		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1", token); !released || err != nil {
 			t.Fatalf("ForceReleaseLane = %v, %v; want true", released, err)
 		}
-		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1"); released || err != nil {
+		if released, err := p.ForceReleaseLane(ctx, "leader", "orders-1", token); released || err != nil {
 			t.Fatalf("ForceReleaseLane of a free lane = %v, %v; want false, nil", released, err)
 		}
 		if l, err := a.LaneOwner(ctx, "orders-1"); l != nil || err != nil {

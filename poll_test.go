@@ -106,7 +106,7 @@ func TestPollingFollowerReadsBeforeItAttempts(t *testing.T) {
 			case isWarmUp(q): // a warm-up, after the first refusal
 			case strings.Contains(q, "INSERT INTO "+tg.Prefix+"lease"), strings.Contains(q, tg.Prefix+"acquire("):
 				attempts++
-			case strings.Contains(q, "FROM "+tg.Prefix+"lease l, clock c") && strings.Contains(q, "UPDATE "+tg.Prefix+"nodes"):
+			case strings.Contains(q, tg.Prefix+"lease l, clock c") && strings.Contains(q, tg.Prefix+"nodes SET last_seen"):
 				polls++
 			}
 		}

@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -961,21 +961,33 @@ func (p *DBProvider) Tips(ctx context.Context) ([]ChainTip, error) {
 	return out, nil
 }
 
-// ForceRelease ends the current term of the lease named name at once, by
-// the database clock, keeping its token, and reports whether a term was
-// held. Its holder stops believing it leads when its trust window closes
-// (its next renew fails), and the database refuses its fenced writes at
-// once. For operators (clusterctl release -force).
-func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error) {
+// ForceRelease ends the term of the lease named name whose fencing token
+// is token at once, by the database clock, keeping the token, and reports
+// whether it ended it. It ends that term and no other, in one statement:
+// when the lease is held under another token (it changed hands since the
+// caller read it), it ends nothing and returns a [*LeaseHeldError] naming
+// the holder now; when no term is held it returns false and no error. The
+// holder of the ended term stops believing it leads when its trust window
+// closes (its next renew fails), and the database refuses its fenced
+// writes at once. For operators (clusterctl release -force).
+func (p *DBProvider) ForceRelease(ctx context.Context, name string, token uint64) (bool, error) {
+	ended, err := p.forceRelease(ctx, name, token)
+	if err != nil || ended {
+		return ended, err
+	}
+	return false, p.heldOther(ctx, name)
+}
+
+func (p *DBProvider) forceRelease(ctx context.Context, name string, token uint64) (bool, error) {
 	if p.d.notifies() {
-		return p.release(ctx, name, "", p.q.LeaseExpire, name)
+		return p.release(ctx, name, "", p.q.LeaseExpire, name, int64(token))
 	}
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	n, err := conn.Exec(ctx, p.d.bound(p.q.LeaseExpire, statementLimit(ctx)), name)
+	n, err := conn.Exec(ctx, p.d.bound(p.q.LeaseExpire, statementLimit(ctx)), name, int64(token))
 	if err != nil {
 		return false, p.wrap("release lease "+quote(name), err)
 	}
@@ -983,6 +995,26 @@ func (p *DBProvider) ForceRelease(ctx context.Context, name string) (bool, error
 		p.announce(name, "", "", true)
 	}
 	return n == 1, nil
+}
+
+// heldOther returns a *LeaseHeldError when lease name is held, nil when
+// it is free: what an operator's release of a term it did not find says.
+func (p *DBProvider) heldOther(ctx context.Context, name string) error {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	var r row
+	if err := r.scan(conn.QueryRow(ctx, p.q.Leader, name)); errors.Is(err, sql.ErrNoRows) {
+		return nil
+	} else if err != nil {
+		return p.wrap("read lease "+quote(name), err)
+	}
+	if r.expiresAt <= r.now || r.holder == "" {
+		return nil
+	}
+	return r.held()
 }
 
 // Retire retires the lease name: its row stays, with its fencing token
@@ -1022,6 +1054,7 @@ var guardErrors = map[string]struct {
 	"SF007": {ErrRollbackDetected, "the lease or lane row is below the highest fencing token the database ever granted it: it was truncated or restored on its own; " +
 		"an operator must restore the token (see the README) before it is granted again"},
 	"SF008": {ErrLaneDeleted, "the database refused to delete, truncate or rename a lane row"},
+	"SF009": {ErrTokenLowered, "the database refused to hand a lease or lane to another holder under the same fencing token: a new holder needs a new token"},
 }
 
 // wrap turns a driver error into one that says what went wrong, wrapping

@@ -289,25 +289,36 @@ func (p *DBProvider) ListLanes(ctx context.Context, scope string) ([]Lane, error
 	return out, nil
 }
 
-// ForceReleaseLane ends the current claim on lane key of scope (the
-// lease name) at once, by the database clock, whoever holds it, keeping
-// its token, and reports whether a claim was held. The next claim gets a
-// higher token, and the holder's next ClaimLane of it starts a new claim
-// (or is refused, if another node claimed it first); its OwnsLane turns
-// false at its keeper's next heartbeat. A transaction holding the lane
+// ForceReleaseLane ends the claim on lane key of scope (the lease name)
+// whose fencing token is token at once, by the database clock, whoever
+// holds it, keeping the token, and reports whether it ended it. It ends
+// that claim and no other, in one statement: when the lane is held under
+// another token, it ends nothing and returns a [*LaneHeldError] naming the
+// holder now; when the lane is free it returns false and no error. The
+// next claim gets a higher token, and the holder's next ClaimLane of it
+// starts a new claim (or is refused, if another node claimed it first);
+// its OwnsLane turns false at its keeper's next heartbeat. A transaction holding the lane
 // makes the release wait for it to end (PostgreSQL, MySQL). For operators
 // (clusterctl release -lane).
-func (p *DBProvider) ForceReleaseLane(ctx context.Context, scope, key string) (bool, error) {
+func (p *DBProvider) ForceReleaseLane(ctx context.Context, scope, key string, token uint64) (bool, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer release()
-	n, err := conn.Exec(ctx, p.d.bound(p.q.LaneExpire, statementLimit(ctx)), scope, key)
+	n, err := conn.Exec(ctx, p.d.bound(p.q.LaneExpire, statementLimit(ctx)), scope, key, int64(token))
+	release()
 	if err != nil {
 		return false, p.wrap("release lane "+quote(key), err)
 	}
-	return n == 1, nil
+	if n == 1 {
+		return true, nil
+	}
+	l, err := p.ReadLane(ctx, scope, key)
+	if err != nil || l == nil || l.Remaining <= 0 {
+		return false, err
+	}
+	return false, &LaneHeldError{Lane: key, Holder: l.Holder, Instance: l.Instance, FencingToken: l.FencingToken,
+		ExpiresAt: l.ExpiresAt, Remaining: l.Remaining}
 }
 
 // JoinLanes implements [LaneStore].

@@ -56,6 +56,14 @@ func (r releaseRace) bind(q string) string {
 // after (0 or less: released) and renew's error.
 func (r releaseRace) run(t *testing.T, table, where string, args []any, renew func() error) (int64, error) {
 	t.Helper()
+	return r.runSet(t, table, where, "renewed_at = "+r.now+", expires_at = "+r.now, args, renew)
+}
+
+// runSet is run with set, an UPDATE's SET list in which {{now}} is the
+// database clock, in place of the release.
+func (r releaseRace) runSet(t *testing.T, table, where, set string, args []any, renew func() error) (int64, error) {
+	t.Helper()
+	set = strings.ReplaceAll(set, "{{now}}", r.now)
 	ctx := context.Background()
 	table = r.prefix + table
 	tx, err := r.db.BeginTx(ctx, nil)
@@ -70,7 +78,7 @@ func (r releaseRace) run(t *testing.T, table, where string, args []any, renew fu
 	renewed := make(chan error, 1)
 	go func() { renewed <- renew() }()
 	time.Sleep(100 * time.Millisecond) // the renew has read its clock
-	if _, err := tx.ExecContext(ctx, r.bind("UPDATE "+table+" SET renewed_at = "+r.now+", expires_at = "+r.now+" WHERE "+where), args...); err != nil {
+	if _, err := tx.ExecContext(ctx, r.bind("UPDATE "+table+" SET "+set+" WHERE "+where), args...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -139,6 +147,138 @@ func TestRenewDoesNotReviveAReleasedTerm(t *testing.T) {
 			}
 			if left > 0 {
 				t.Fatalf("the term released while a renew waited is held for %d ms more: the renew extended it", left)
+			}
+		})
+	}
+}
+
+// An operator's release names the term it means by its token and ends
+// that term and no other, atomically in the database: a stale token ends
+// nothing and says who holds the lease now, and so does a term that
+// changes hands while the release waits for the row (a resign, a
+// takeover). Before, clusterctl release -force checked the token and then
+// ended whatever term the row held, and -yes did not check at all.
+func TestOperatorReleaseEndsOnlyTheTermItNames(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Init(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held *cluster.LeaseHeldError
+		ok, err := p.ForceRelease(ctx, "leader", l.FencingToken-1)
+		if ok || !errors.As(err, &held) || held.Holder != "x" || held.FencingToken != l.FencingToken {
+			t.Fatalf("ForceRelease of an earlier token = %v, %v; want false and a LeaseHeldError naming x with token %d", ok, err, l.FencingToken)
+		}
+		if now, err := p.Leader(ctx, "leader"); err != nil || now == nil || now.NodeID != "x" {
+			t.Fatalf("after a release of an earlier token the leader is %+v, %v; want x", now, err)
+		}
+
+		if tg.Dialect != cluster.SQLite { // SQLite has one writer: no statement waits mid-way
+			r := newReleaseRace(t, tg.Dialect)
+			r.db, r.p, r.prefix = db, p, tg.Prefix
+			left, err := r.runSet(t, "lease", "name = ?",
+				"holder = 'z', instance = 'zi', fencing_token = fencing_token + 1, acquired_at = {{now}}, renewed_at = {{now}}, expires_at = {{now}} + 60000",
+				[]any{"leader"}, func() error {
+					ok, err := p.ForceRelease(ctx, "leader", l.FencingToken)
+					if ok {
+						return errors.New("released")
+					}
+					return err
+				})
+			if !errors.As(err, &held) || held.Holder != "z" || held.FencingToken != l.FencingToken+1 {
+				t.Fatalf("a release of x's term that waited while z took over = %v; want a LeaseHeldError naming z with token %d", err, l.FencingToken+1)
+			}
+			if left <= 0 {
+				t.Fatalf("z's term, taken while a release of x's waited, was ended (%d ms left)", left)
+			}
+			l.FencingToken++
+		}
+
+		now, err := p.Leader(ctx, "leader")
+		if err != nil || now == nil {
+			t.Fatal(now, err)
+		}
+		if ok, err := p.ForceRelease(ctx, "leader", now.FencingToken); !ok || err != nil {
+			t.Fatalf("ForceRelease of the current token = %v, %v; want true", ok, err)
+		}
+		if ok, err := p.ForceRelease(ctx, "leader", now.FencingToken); ok || err != nil {
+			t.Fatalf("ForceRelease of a free lease = %v, %v; want false, nil", ok, err)
+		}
+	})
+}
+
+// The same for a lane: the operator's release names the claim by the
+// lane's token, and a claim that changes hands while it waits is left
+// alone.
+func TestOperatorLaneReleaseEndsOnlyTheClaimItNames(t *testing.T) {
+	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} {
+		t.Run(string(d), func(t *testing.T) {
+			r := newReleaseRace(t, d)
+			ctx := context.Background()
+			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
+				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
+				t.Fatal(err)
+			}
+			var held *cluster.LaneHeldError
+			left, err := r.runSet(t, "lanes", "scope = ? AND lane = ?",
+				"holder = 'z', instance = 'zi', fencing_token = 2, acquired_at = {{now}}, renewed_at = {{now}}, expires_at = {{now}} + 60000",
+				[]any{"s", "k"}, func() error {
+					ok, err := r.p.ForceReleaseLane(ctx, "s", "k", 1)
+					if ok {
+						return errors.New("released")
+					}
+					return err
+				})
+			if !errors.As(err, &held) || held.Holder != "z" || held.FencingToken != 2 {
+				t.Fatalf("a release of h's claim that waited while z claimed the lane = %v; want a LaneHeldError naming z with token 2", err)
+			}
+			if left <= 0 {
+				t.Fatalf("z's claim, made while a release of h's waited, was ended (%d ms left)", left)
+			}
+		})
+	}
+}
+
+// A lane an operator released while its holder's claim of it (a renewal
+// of its own claim) waited for the row's lock stays released: the claim
+// does not revive it for another TTL under the same token. MySQL reads
+// the statement's clock before the wait, and PostgreSQL re-checks the
+// row with the clock it read before; both found the lane unexpired and
+// the holder's own.
+func TestLaneClaimDoesNotReviveAReleasedLane(t *testing.T) {
+	for _, d := range []cluster.Dialect{cluster.Postgres, cluster.MySQL} {
+		t.Run(string(d), func(t *testing.T) {
+			r := newReleaseRace(t, d)
+			ctx := context.Background()
+			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
+				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
+				t.Fatal(err)
+			}
+			var got cluster.Lane
+			left, err := r.run(t, "lanes", "scope = ? AND lane = ?", []any{"s", "k"}, func() error {
+				tx, err := r.db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				got, err = r.p.ClaimLane(ctx, cluster.TxQuerier(tx), cluster.LaneRequest{Scope: "s", Key: "k", Holder: "h", Instance: "i", TTL: time.Minute})
+				if err != nil {
+					return err
+				}
+				return tx.Commit()
+			})
+			t.Logf("claim: %+v, %v; held %d ms more", got, err, left)
+			if err == nil && got.FencingToken == 1 || left > 0 && got.FencingToken <= 1 {
+				t.Fatalf("the claim that waited for an operator's release = %+v, %v, and the lane is held %d ms more: the claim revived the released claim under token 1", got, err, left)
 			}
 		})
 	}

@@ -335,7 +335,11 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	if err := p.Init(ctx); err != nil {
 		t.Fatal(err)
 	}
-	released, err := p.ForceRelease(ctx, "leader")
+	l, err := p.Leader(ctx, "leader")
+	if err != nil || l == nil {
+		t.Fatalf("Leader = %+v, %v", l, err)
+	}
+	released, err := p.ForceRelease(ctx, "leader", l.FencingToken)
 	if err != nil || !released {
 		t.Fatalf("ForceRelease = %v, %v; want true, nil", released, err)
 	}
@@ -357,7 +361,7 @@ func TestReleaseNotifiesSuccessor(t *testing.T) {
 	if lease, holder, ok := strings.Cut(got, "\t"); !ok || lease != "leader" || holder == "" {
 		t.Fatalf("the notification of the grant after the forced release is %q, want the lease name, a tab and an instance", got)
 	}
-	if released, err := p.ForceRelease(ctx, "nobody"); err != nil || released {
+	if released, err := p.ForceRelease(ctx, "nobody", 1); err != nil || released {
 		t.Fatalf("ForceRelease of a lease never held = %v, %v; want false, nil", released, err)
 	}
 }

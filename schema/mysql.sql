@@ -19,6 +19,7 @@
 --   SF005 chain tip rewritten          SF006 fencing token lowered
 --   SF007 fencing token below the high-water mark (a lease or lane row went
 --         back)                      SF008 lane deleted or renamed
+--   SF009 a lease or lane changing hands under the same fencing token
 --
 -- What MySQL cannot guard: TRUNCATE fires no trigger (it needs the DROP
 -- privilege: withhold it from the application's role); the high-water mark
@@ -92,12 +93,20 @@ BEGIN
     END IF;
 END;
 
-CREATE TRIGGER {{prefix}}lease_update_v3
+-- Version 7: besides the version-3 checks, a term changes hands only with
+-- a new token (SF009).
+CREATE TRIGGER {{prefix}}lease_update_v7
 BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
     IF BINARY NEW.name <> BINARY OLD.name THEN
         SIGNAL SQLSTATE 'SF004' SET MESSAGE_TEXT = 'sqlfence: a lease may not be renamed';
+    END IF;
+    IF NEW.fencing_token = OLD.fencing_token
+       AND (BINARY NEW.holder <> BINARY OLD.holder OR BINARY NEW.instance <> BINARY OLD.instance)
+       AND NOT (NEW.holder = '' AND NEW.instance = ''
+                AND NEW.expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) THEN
+        SIGNAL SQLSTATE 'SF009' SET MESSAGE_TEXT = 'sqlfence: a lease may not change hands under the same fencing token: a new holder needs a new token';
     END IF;
     IF NEW.fencing_token < OLD.fencing_token THEN
         SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a fencing token may not go back';
@@ -111,6 +120,8 @@ BEGIN
             ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value));
     END IF;
 END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lease_update_v3;
 
 CREATE TRIGGER {{prefix}}lease_delete_v3
 BEFORE DELETE ON {{prefix}}lease FOR EACH ROW
@@ -270,12 +281,18 @@ BEGIN
     END IF;
 END;
 
-CREATE TRIGGER {{prefix}}lanes_update_v3
+-- Version 7: besides the version-3 checks, a term changes hands only with
+-- a new token (SF009).
+CREATE TRIGGER {{prefix}}lanes_update_v7
 BEFORE UPDATE ON {{prefix}}lanes FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
     IF BINARY NEW.scope <> BINARY OLD.scope OR BINARY NEW.lane <> BINARY OLD.lane THEN
         SIGNAL SQLSTATE 'SF008' SET MESSAGE_TEXT = 'sqlfence: a lane may not be renamed';
+    END IF;
+    IF NEW.fencing_token = OLD.fencing_token
+       AND (BINARY NEW.holder <> BINARY OLD.holder OR BINARY NEW.instance <> BINARY OLD.instance) THEN
+        SIGNAL SQLSTATE 'SF009' SET MESSAGE_TEXT = 'sqlfence: a lane may not change hands under the same fencing token: a new holder needs a new token';
     END IF;
     IF NEW.fencing_token < OLD.fencing_token THEN
         SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lane fencing token may not go back';
@@ -291,6 +308,8 @@ BEGIN
             ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value));
     END IF;
 END;
+
+DROP TRIGGER IF EXISTS {{prefix}}lanes_update_v3;
 
 CREATE TRIGGER {{prefix}}lanes_delete_v3
 BEFORE DELETE ON {{prefix}}lanes FOR EACH ROW

@@ -291,10 +291,10 @@ SELECT scope, lease_name, at_counter, row_hash, fencing_token, updated_at
 FROM {{prefix}}chain_tips ORDER BY scope;
 
 -- name: lease_expire
--- args: name. An operator ends the current term at once (clusterctl
--- release -force); the token is kept.
+-- args: name, token. An operator ends the term of that token at once
+-- (clusterctl release -force), and no other; the token is kept.
 UPDATE {{prefix}}lease SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
-WHERE name = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
+WHERE name = ? AND fencing_token = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
@@ -334,7 +334,9 @@ FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.lan
 -- token), in the caller's transaction, whose row lock holds the claim until
 -- it ends. MySQL assigns left to right, so the token and acquired_at are
 -- set while expires_at still has its old value; renewed_at always grows, so
--- a claimed row always counts as changed.
+-- a claimed row always counts as changed. A renewal skips a claim a
+-- release or an operator ended (expires_at = renewed_at): MySQL reads the
+-- clock when the statement starts, before any wait for the row.
 UPDATE {{prefix}}lanes
 SET fencing_token = IF(expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, fencing_token + 1, fencing_token),
     acquired_at   = IF(expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
@@ -344,7 +346,7 @@ SET fencing_token = IF(expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:0
     renewed_at    = GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, renewed_at + 1),
     expires_at    = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 + ?
 WHERE scope = ? AND lane = ?
-  AND ((instance = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
+  AND ((instance = ? AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AND expires_at > renewed_at)
        OR expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)
   AND ? IS NOT NULL;
 
@@ -398,12 +400,13 @@ SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_a
 FROM {{prefix}}lanes WHERE scope = ? ORDER BY lane;
 
 -- name: lane_expire
--- args: scope, lane. An operator ends the current claim of a lane at once,
--- whoever holds it (clusterctl release -lane); the token is kept.
+-- args: scope, lane, token. An operator ends the claim of a lane under
+-- that token at once, whoever holds it (clusterctl release -lane), and no
+-- other; the token is kept.
 UPDATE {{prefix}}lanes
 SET renewed_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     expires_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
-WHERE scope = ? AND lane = ?
+WHERE scope = ? AND lane = ? AND fencing_token = ?
   AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;
 
 -- name: lane_release

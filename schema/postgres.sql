@@ -109,6 +109,15 @@ BEGIN
                 OLD.name, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF006';
         END IF;
         IF NEW.fencing_token = OLD.fencing_token THEN
+            -- A token belongs to one holder: a term changes hands only
+            -- with a new token. Naming no holder once the term is over
+            -- (an operator retiring the lease) gives the token to nobody.
+            IF (NEW.holder <> OLD.holder OR NEW.instance <> OLD.instance)
+               AND NOT (NEW.holder = '' AND NEW.instance = ''
+                        AND NEW.expires_at <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) THEN
+                RAISE EXCEPTION 'sqlfence: lease % may not change hands under fencing token %: a new holder needs a new token',
+                    OLD.name, OLD.fencing_token USING ERRCODE = 'SF009';
+            END IF;
             RETURN NEW; -- renew or release: the mark is already this token
         END IF;
     END IF;
@@ -340,6 +349,10 @@ BEGIN
                 OLD.lane, OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'SF006';
         END IF;
         IF NEW.fencing_token = OLD.fencing_token THEN
+            IF NEW.holder <> OLD.holder OR NEW.instance <> OLD.instance THEN
+                RAISE EXCEPTION 'sqlfence: lane % may not change hands under fencing token %: a new holder needs a new token',
+                    OLD.lane, OLD.fencing_token USING ERRCODE = 'SF009';
+            END IF;
             RETURN NEW; -- a renewal or release
         END IF;
     END IF;

@@ -251,8 +251,19 @@ SET vault_key_fp = $1, rotation_epoch = rotation_epoch + 1,
 WHERE scope = $3 AND vault_key_fp = $4;
 
 -- name: current_schema
--- args: none. The schema the tables are created in.
-SELECT current_schema();
+-- args: lease table name. The schema of the cluster tables: the first
+-- schema of the search_path that has the lease table (never the session's
+-- temporary schema), else the one New creates them in. Every statement
+-- then names its tables in that schema, so a temporary table of the same
+-- name, which PostgreSQL looks up first, cannot stand in for them.
+SELECT COALESCE(
+    (SELECT s.name
+     FROM unnest(current_schemas(false)) WITH ORDINALITY AS s(name, pos)
+     JOIN pg_namespace n ON n.nspname = s.name
+     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $1 AND c.relkind IN ('r', 'p')
+     WHERE n.oid <> pg_my_temp_schema()
+     ORDER BY s.pos LIMIT 1),
+    current_schema());
 
 -- name: schema_lock
 -- args: lock key, lock timeout ms. Run inside the schema transaction: the
@@ -350,12 +361,13 @@ SELECT scope, lease_name, at_counter, row_hash, fencing_token, updated_at
 FROM {{prefix}}chain_tips ORDER BY scope;
 
 -- name: lease_expire
--- args: name. An operator ends the current term at once (clusterctl
--- release -force); the token is kept; the followers are told, and the
--- successor returned, as by release (never the holder itself). Unlike a
--- node's release it waits for its WAL flush.
+-- args: name, token. An operator ends the term of that token at once
+-- (clusterctl release -force), and no other: a term that changed hands
+-- since the operator read it is left alone. The token is kept; the
+-- followers are told, and the successor returned, as by release (never
+-- the holder itself). Unlike a node's release it waits for its WAL flush.
 SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, NULL, NULL, NULL, 0);
+FROM {{prefix}}hand_over($1, NULL, NULL, $2::bigint, 0);
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
@@ -400,7 +412,10 @@ FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $8 AND l.lane = $9;
 -- lock holds the claim until it ends. Returns holder, instance, token,
 -- acquired, renewed, expires, now; no row when the lane is held by another
 -- instance or has no row. The set_config calls bound the wait for the row
--- and any idle moment of the transaction, as fence does.
+-- and any idle moment of the transaction, as fence does. A renewal skips
+-- a claim a release or an operator ended (expires_at = renewed_at), even
+-- one ended while this statement, its clock read, waited for the row: the
+-- next claim gets a new token.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
@@ -413,7 +428,7 @@ SET fencing_token = CASE WHEN l.expires_at <= c.now_ms THEN l.fencing_token + 1 
     expires_at    = c.now_ms + $3::bigint
 FROM clock c
 WHERE l.scope = $4 AND l.lane = $5
-  AND ((l.instance = $6 AND l.expires_at > c.now_ms) OR l.expires_at <= c.now_ms)
+  AND ((l.instance = $6 AND l.expires_at > c.now_ms AND l.expires_at > l.renewed_at) OR l.expires_at <= c.now_ms)
   AND set_config('lock_timeout', $7::text, true) IS NOT NULL
   AND set_config('idle_in_transaction_session_timeout', $7::text, true) IS NOT NULL
 RETURNING l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at, c.now_ms;
@@ -475,15 +490,16 @@ SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_a
 FROM {{prefix}}lanes WHERE scope = $1 ORDER BY lane;
 
 -- name: lane_expire
--- args: scope, lane. An operator ends the current claim of a lane at once,
--- whoever holds it (clusterctl release -lane); the token is kept.
+-- args: scope, lane, token. An operator ends the claim of a lane under
+-- that token at once, whoever holds it (clusterctl release -lane), and no
+-- other; the token is kept.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
 UPDATE {{prefix}}lanes AS l
 SET renewed_at = c.now_ms, expires_at = c.now_ms
 FROM clock c
-WHERE l.scope = $1 AND l.lane = $2 AND l.expires_at > c.now_ms;
+WHERE l.scope = $1 AND l.lane = $2 AND l.fencing_token = $3 AND l.expires_at > c.now_ms;
 
 -- name: lane_release
 -- args: scope, lane, holder, instance. Ends the instance's claim at once,

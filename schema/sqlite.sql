@@ -15,6 +15,7 @@
 --   SF005 chain tip rewritten          SF006 fencing token lowered
 --   SF007 fencing token below the high-water mark (a lease or lane row went
 --         back)                      SF008 lane deleted or renamed
+--   SF009 a lease or lane changing hands under the same fencing token
 -- REPLACE deletes the row it replaces without firing delete triggers, so
 -- every insert is checked against the row it may replace and against the
 -- high-water marks. Trigger bodies in the main schema only see tables of
@@ -95,6 +96,11 @@ BEGIN
     WHERE NEW.name IS NOT OLD.name;
     SELECT RAISE(ABORT, 'sqlfence SF006: a fencing token may not go back')
     WHERE NEW.fencing_token < OLD.fencing_token;
+    SELECT RAISE(ABORT, 'sqlfence SF009: a lease may not change hands under the same fencing token: a new holder needs a new token')
+    WHERE NEW.fencing_token = OLD.fencing_token
+      AND (NEW.holder IS NOT OLD.holder OR NEW.instance IS NOT OLD.instance)
+      AND NOT (NEW.holder = '' AND NEW.instance = ''
+               AND NEW.expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER));
     SELECT RAISE(ABORT, 'sqlfence SF007: a fencing token below the high-water mark: the lease row went back')
     WHERE NEW.fencing_token > OLD.fencing_token
       AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name);
@@ -280,6 +286,9 @@ BEGIN
     WHERE NEW.scope IS NOT OLD.scope OR NEW.lane IS NOT OLD.lane;
     SELECT RAISE(ABORT, 'sqlfence SF006: a lane fencing token may not go back')
     WHERE NEW.fencing_token < OLD.fencing_token;
+    SELECT RAISE(ABORT, 'sqlfence SF009: a lane may not change hands under the same fencing token: a new holder needs a new token')
+    WHERE NEW.fencing_token = OLD.fencing_token
+      AND (NEW.holder IS NOT OLD.holder OR NEW.instance IS NOT OLD.instance);
     SELECT RAISE(ABORT, 'sqlfence SF007: a lane fencing token below the high-water mark: the lane row went back')
     WHERE NEW.fencing_token > OLD.fencing_token
       AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water

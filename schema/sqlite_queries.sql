@@ -199,10 +199,10 @@ SELECT scope, lease_name, at_counter, row_hash, fencing_token, updated_at
 FROM {{prefix}}chain_tips ORDER BY scope;
 
 -- name: lease_expire
--- args: name. An operator ends the current term at once (clusterctl
--- release -force); the token is kept.
+-- args: name, token. An operator ends the term of that token at once
+-- (clusterctl release -force), and no other; the token is kept.
 UPDATE {{prefix}}lease SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-WHERE name = ?1 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+WHERE name = ?1 AND fencing_token = ?2 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
@@ -249,7 +249,7 @@ SET fencing_token = CASE WHEN expires_at <= CAST(unixepoch('subsec') * 1000 AS I
     renewed_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3
 WHERE scope = ?4 AND lane = ?5
-  AND ((instance = ?6 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER))
+  AND ((instance = ?6 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND expires_at > renewed_at)
        OR expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
   AND ?7 IS NOT NULL
 RETURNING holder, instance, fencing_token, acquired_at, renewed_at, expires_at, renewed_at;
@@ -298,12 +298,13 @@ SELECT lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_a
 FROM {{prefix}}lanes WHERE scope = ?1 ORDER BY lane;
 
 -- name: lane_expire
--- args: scope, lane. An operator ends the current claim of a lane at once,
--- whoever holds it (clusterctl release -lane); the token is kept.
+-- args: scope, lane, token. An operator ends the claim of a lane under
+-- that token at once, whoever holds it (clusterctl release -lane), and no
+-- other; the token is kept.
 UPDATE {{prefix}}lanes
 SET renewed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-WHERE scope = ?1 AND lane = ?2
+WHERE scope = ?1 AND lane = ?2 AND fencing_token = ?3
   AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
 
 -- name: lane_release

@@ -61,22 +61,16 @@ func runRelease(ctx context.Context, e *env) error {
 		if !ok {
 			return fmt.Errorf("lease %q not released: not confirmed", name)
 		}
-		// The answer took a while: release only the term it was about.
-		bctx, cancel = e.bounded(ctx)
+		bctx, cancel = e.bounded(ctx) // the answer took a while
 		defer cancel()
-		now, err := e.p.Leader(bctx, name)
-		if err != nil {
-			return err
-		}
-		if now == nil {
-			return e.reportRelease(releaseJSON{Lease: name})
-		}
-		if now.FencingToken != l.FencingToken {
-			return fmt.Errorf("lease %q changed hands while you answered: it is now held by node %q (token %d); nothing released, run clusterctl release again",
-				name, now.NodeID, now.FencingToken)
-		}
 	}
-	released, err := e.p.ForceRelease(bctx, name)
+	// The database ends the term read above and no other: one that
+	// changed hands meanwhile (a resign, a takeover) is left alone.
+	released, err := e.p.ForceRelease(bctx, name, l.FencingToken)
+	if held := (*cluster.LeaseHeldError)(nil); errors.As(err, &held) {
+		return fmt.Errorf("lease %q changed hands since it was read: it is now held by node %q (token %d), not node %q (token %d); nothing released, run clusterctl release again",
+			name, held.Holder, held.FencingToken, l.NodeID, l.FencingToken)
+	}
 	if err != nil {
 		return err
 	}
@@ -143,22 +137,15 @@ func runReleaseLane(ctx context.Context, e *env) error {
 		if !ok {
 			return fmt.Errorf("lane %q not released: not confirmed", key)
 		}
-		// The answer took a while: release only the claim it was about.
-		bctx, cancel = e.bounded(ctx)
+		bctx, cancel = e.bounded(ctx) // the answer took a while
 		defer cancel()
-		now, err := read(bctx)
-		if err != nil {
-			return err
-		}
-		if now == nil {
-			return e.reportReleaseLane(releaseLaneJSON{Lease: name, Lane: key})
-		}
-		if now.FencingToken != l.FencingToken || now.Instance != l.Instance {
-			return fmt.Errorf("lane %q changed hands while you answered: it is now held by node %q (token %d); nothing released, run clusterctl release -lane again",
-				key, now.Holder, now.FencingToken)
-		}
 	}
-	released, err := e.p.ForceReleaseLane(bctx, name, key)
+	// The database ends the claim read above and no other.
+	released, err := e.p.ForceReleaseLane(bctx, name, key, l.FencingToken)
+	if held := (*cluster.LaneHeldError)(nil); errors.As(err, &held) {
+		return fmt.Errorf("lane %q changed hands since it was read: it is now held by node %q (token %d), not node %q (token %d); nothing released, run clusterctl release -lane again",
+			key, held.Holder, held.FencingToken, l.Holder, l.FencingToken)
+	}
 	if err != nil {
 		return err
 	}
