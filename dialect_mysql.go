@@ -99,7 +99,9 @@ func (d *mySQL) lockSchema(ctx context.Context, conn Querier, prefix string) (fu
 // created before the older ones are dropped.
 func (d *mySQL) ddlErrorOK(err error) bool {
 	var my *mysql.MySQLError
-	return errors.As(err, &my) && my.Number == 1359
+	// 1359: trigger exists; 1061: duplicate key name; 1091: no such key
+	// to drop.
+	return errors.As(err, &my) && (my.Number == 1359 || my.Number == 1061 || my.Number == 1091)
 }
 
 // acquire reads the lease row first, without locking it, and stops there

@@ -44,10 +44,11 @@ type DBProvider struct {
 	log    *slog.Logger
 	// identity names the database for in-process wake-ups; set by Init.
 	identity string
-	// laneRows holds the lanes (scope and key) whose row this provider
-	// saw, so that a claim of another lane creates its row first; see
-	// ClaimLane.
-	laneRows sync.Map
+	// laneRows holds lanes (scope and key) whose row this provider saw,
+	// so that a claim of another lane creates its row first; see
+	// ClaimLane. At most maxLaneRows: a service that keys lanes by order
+	// id uses new keys without end.
+	laneRows laneRowSet
 	// warmPause is the unix time (ns) before which no warm-up is tried:
 	// one that fails, by a timeout say, may cost its connection, and one
 	// tried on every attempt would then cost one on every attempt.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -66,6 +67,34 @@ var (
 
 // laneID names a lane: its scope and key.
 type laneID struct{ scope, key string }
+
+// maxLaneRows bounds a provider's laneRowSet.
+const maxLaneRows = 4096
+
+// A laneRowSet is a set of lanes that forgets them all when it is full: it
+// only spares a claim the statement that creates the lane's row, so
+// forgetting costs one such statement per lane claimed again, and memory
+// stays bounded however many keys a service uses.
+type laneRowSet struct {
+	mu   sync.Mutex
+	seen map[laneID]struct{}
+}
+
+func (s *laneRowSet) has(id laneID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.seen[id]
+	return ok
+}
+
+func (s *laneRowSet) add(id laneID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil || len(s.seen) >= maxLaneRows {
+		s.seen = make(map[laneID]struct{})
+	}
+	s.seen[id] = struct{}{}
+}
 
 // A LaneRequest asks a [LaneStore] to claim a lane.
 type LaneRequest struct {
@@ -158,7 +187,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 	}
 	op := "claim lane " + quote(req.Key)
 	id := laneID{req.Scope, req.Key}
-	if _, seen := p.laneRows.Load(id); !seen {
+	if !p.laneRows.has(id) {
 		if _, err := tx.Exec(ctx, p.d.bound(p.q.LaneCreate, limit), req.Scope, req.Key); err != nil {
 			return Lane{}, p.wrap(op, err)
 		}
@@ -170,7 +199,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 			return Lane{}, p.wrap(op, err)
 		}
 		if granted {
-			p.laneRows.Store(id, struct{}{})
+			p.laneRows.add(id)
 			return got.lane(req.Key), nil
 		}
 		err = r.scan(tx.QueryRow(ctx, p.q.LaneRead, req.Scope, req.Key))
@@ -183,7 +212,7 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 		if err != nil {
 			return Lane{}, p.wrap(op, err)
 		}
-		p.laneRows.Store(id, struct{}{})
+		p.laneRows.add(id)
 		if r.expires > r.now {
 			return Lane{}, r.held(req.Key)
 		}

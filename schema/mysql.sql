@@ -265,6 +265,19 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
     CONSTRAINT {{prefix}}lanes_token_nonneg CHECK (fencing_token >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+-- Version 7: what a claim and a keeper's heartbeat count reads only the
+-- lanes held now or within the fair share's window, however many keys the
+-- scope ever used (rows are never deleted). The keys are added here, on
+-- new tables and old alike (MySQL has no CREATE INDEX IF NOT EXISTS), and
+-- the first one, which they replace, dropped; New takes error 1061
+-- ("duplicate key name") and 1091 (no such key) as done, should an
+-- upgrade stop half-way.
+CREATE INDEX {{prefix}}lanes_by_holding ON {{prefix}}lanes (scope, instance, expires_at);
+
+CREATE INDEX {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope, renewed_at);
+
+DROP INDEX {{prefix}}lanes_by_instance ON {{prefix}}lanes;
+
 CREATE TRIGGER {{prefix}}lanes_insert_v3
 BEFORE INSERT ON {{prefix}}lanes FOR EACH ROW
 BEGIN

@@ -455,6 +455,9 @@ ON CONFLICT (scope, lane) DO NOTHING;
 -- (NULL when none), now, lane, token, acquired, expires. A lane a
 -- release or an operator ended (expires_at = renewed_at) is not renewed,
 -- even when that release committed after this statement read its clock.
+-- The census is counted once, not once per lane (MATERIALIZED): counted
+-- per row, a generic plan's estimate over a scope with a long history
+-- passed jit_above_cost, and JIT compiling took 250 ms a heartbeat.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ), renewed AS (
@@ -474,13 +477,15 @@ WITH clock AS (
     FROM {{prefix}}lanes l, clock c
     WHERE l.scope = $2 AND l.instance = $3 AND l.expires_at > c.now_ms
       AND NOT EXISTS (SELECT 1 FROM renewed r WHERE r.lane = l.lane)
+), census AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $2 AND renewed_at > c.now_ms - $4::bigint) AS lanes,
+           (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $2 AND instance <> $3 AND status = 'active'
+                AND takes_lanes = 1 AND last_seen > c.now_ms - $4::bigint) AS members,
+           (SELECT config_version FROM {{prefix}}config WHERE scope = $2) AS version
+    FROM clock c
 )
-SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $2 AND renewed_at > c.now_ms - $4::bigint),
-       (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $2 AND instance <> $3 AND status = 'active'
-            AND takes_lanes = 1 AND last_seen > c.now_ms - $4::bigint),
-       (SELECT config_version FROM {{prefix}}config WHERE scope = $2),
-       c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
-FROM clock c LEFT JOIN mine m ON true;
+SELECT n.lanes, n.members, n.version, c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
+FROM clock c CROSS JOIN census n LEFT JOIN mine m ON true;
 
 -- name: lane_list
 -- args: scope. Every lane of scope, by key: lane, holder, instance, token,

@@ -262,7 +262,15 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
     PRIMARY KEY (scope, lane)
 );
 
-CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_instance ON {{prefix}}lanes (scope, instance);
+-- Version 7: what a claim and a keeper's heartbeat count reads only the
+-- lanes held now or within the fair share's window, however many keys
+-- the scope ever used (rows are never deleted): an instance's unexpired
+-- lanes, and the lanes renewed or released since a moment.
+CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_holding ON {{prefix}}lanes (scope, instance, expires_at);
+
+CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope, renewed_at);
+
+DROP INDEX IF EXISTS {{prefix}}lanes_by_instance;
 
 -- REPLACE skips the delete guard: the insert guard compares a claimed
 -- token with the lane's high-water mark.
