@@ -20,8 +20,8 @@ type postgres struct {
 	prefix   string
 	scratch  string // the warm-up's scratch lease name ends with it
 	warmFlag string // the session setting the warm query sets
-	// schemaMu guards schema, the quoted schema the queries name their
-	// tables in, set once by prepare ("" before: unqualified).
+	// schemaMu guards schema, the schema the queries name their tables
+	// in, set once by prepare ("" before: unqualified).
 	schemaMu sync.Mutex
 	schema   string
 	q        struct {
@@ -55,6 +55,9 @@ func (d *postgres) load(schema string) {
 	}
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
 	d.q.Rehearse = strings.ReplaceAll(d.q.Rehearse, "{{scratch}}", d.scratch)
+	// The members table's name in a string literal (to_regclass), qualified
+	// as the queries' tables are.
+	d.q.UpgradeFirst = strings.ReplaceAll(d.q.UpgradeFirst, "{{nodes_regclass}}", strings.ReplaceAll(schema, "'", "''")+d.prefix+"nodes")
 	// A handed-over term's share of the TTL: the followers' expiry wake
 	// (watchHooks.handedFor) counts with the same.
 	share := strconv.Itoa(handedShare)
@@ -136,9 +139,27 @@ func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) err
 	if !cur.Valid {
 		return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
 	}
-	d.schema = quoteIdent(cur.String) + "."
-	d.load(d.schema)
+	d.schema = cur.String
+	d.load(quoteIdent(d.schema) + ".")
 	return nil
+}
+
+// pinSearchPath makes the schema prepare resolved the first of conn's
+// search_path for the rest of its transaction, pg_temp after it, before
+// the schema file runs there: the file creates its tables in
+// current_schema() and pins it into the guard functions, and it must be
+// the schema the queries name (tables found further down the
+// search_path would otherwise be left behind, unguarded, and a second
+// set created).
+func (d *postgres) pinSearchPath(ctx context.Context, conn Querier) error {
+	d.schemaMu.Lock()
+	schema := d.schema
+	d.schemaMu.Unlock()
+	if schema == "" {
+		return nil
+	}
+	_, err := conn.Exec(ctx, "SELECT set_config('search_path', $1, true)", quoteIdent(schema)+", pg_temp")
+	return err
 }
 
 // upgradeFirst runs, before the schema transaction of an upgrade from

@@ -283,6 +283,22 @@ func TestTermCannotChangeHandsUnderOneToken(t *testing.T) {
 		} {
 			refusedWith(t, tg, db, "SF009", cluster.ErrTokenLowered, bind(tg.Dialect, q), instB)
 		}
+		if tg.Dialect == cluster.SQLite {
+			// REPLACE deletes the row without firing the delete guard and
+			// inserts one: the insert guard refuses a token already granted.
+			refusedWith(t, tg, db, "SF009", cluster.ErrTokenLowered,
+				"INSERT OR REPLACE INTO "+lease+" (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) "+
+					"SELECT name, 'b', ?, fencing_token, acquired_at, renewed_at, expires_at, endpoint FROM "+lease, instB)
+			refusedWith(t, tg, db, "SF009", cluster.ErrTokenLowered,
+				"INSERT OR REPLACE INTO "+lanes+" (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
+					"SELECT scope, lane, 'b', ?, fencing_token, acquired_at, renewed_at, expires_at FROM "+lanes, instB)
+		}
+		if tg.Dialect == cluster.MySQL {
+			// REPLACE deletes first, which the delete guard refuses.
+			refusedWith(t, tg, db, "SF004", cluster.ErrLeaseDeleted,
+				"REPLACE INTO "+lease+" (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) "+
+					"SELECT name, 'b', ?, fencing_token, acquired_at, renewed_at, expires_at, endpoint FROM "+lease, instB)
+		}
 		time.Sleep(2 * testdb.Heartbeat)
 		if !a.IsLeader() || b.IsLeader() || a.FencingToken() != token {
 			t.Fatalf("after the refused statements a leads %v (token %d, want %d), b leads %v", a.IsLeader(), a.FencingToken(), token, b.IsLeader())

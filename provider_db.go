@@ -35,7 +35,12 @@ var schemaFS embed.FS
 //
 // [New] builds one over [Config.DB] when [Config.Provider] is nil. Build
 // one yourself with [NewDBProvider] (database/sql), clusterpgx.NewProvider
-// (pgx) or [NewSQLProvider] (any driver, through a [Pool]).
+// (pgx) or [NewSQLProvider] (any driver, through a [Pool]), and call its
+// Init or CheckSchema before any other method ([New] does): on PostgreSQL
+// they resolve the schema of the cluster tables, which every statement
+// then names, so that a temporary table of the same name on a session
+// cannot stand in for one (before, statements name the tables as the
+// search_path finds them).
 type DBProvider struct {
 	pool   Pool
 	d      dialect
@@ -287,6 +292,13 @@ func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, er
 // schema, so it serves a new database and every older version alike.
 func (p *DBProvider) applySchema(ctx context.Context, conn Querier) error {
 	ddl := splitStatements(schemaFile(string(p.d.name())+".sql", p.prefix))
+	if ps, ok := p.d.(interface {
+		pinSearchPath(ctx context.Context, conn Querier) error
+	}); ok {
+		if err := ps.pinSearchPath(ctx, conn); err != nil {
+			return p.wrap("set the search_path of the schema transaction", err)
+		}
+	}
 	// The version table comes first so a newer schema is refused before we
 	// touch anything else; another node may have upgraded while we waited
 	// for the lock.

@@ -275,3 +275,40 @@ func handsOffAfterUpgrade(t *testing.T, tg testdb.Target, a *node) {
 		t.Fatalf("b's term after a's has token %d, want 9", got)
 	}
 }
+
+// On PostgreSQL the tables are found, and upgraded, in the schema that
+// holds them, not in the first schema of the search_path: with tables of
+// version 5 in schema x and a search_path "y, x", New upgrades x's tables
+// (x's guards refuse a change of hands under one token afterwards) and
+// creates nothing in y. The queries name x, so tables made in y would be
+// a second, unused set, and x's would keep their old guards.
+func TestSchemaUpgradeInTheTablesSchema(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := tg.Open(t)
+	x, y := tg.Prefix+"x", tg.Prefix+"y"
+	for _, s := range []string{x, y} {
+		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
+	}
+	inX := tg.OpenDSN(t, tg.DSN+"&search_path="+x)
+	createAtVersion(t, tg, inX, 5, oldLease(tg))
+
+	tgYX := tg
+	tgYX.DSN = tg.DSN + "&search_path=" + y + "," + x
+	a := start(t, tgYX, "a")
+	if got := a.FencingToken(); got != 8 {
+		t.Fatalf("first term after the upgrade has token %d, want 8", got)
+	}
+	var version, inY int
+	if err := admin.QueryRowContext(ctx, "SELECT MAX(version) FROM "+x+"."+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+		t.Fatalf("x's schema version after the upgrade = %d (%v), want %d", version, err, cluster.SchemaVersion)
+	}
+	if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = $1", y).Scan(&inY); err != nil || inY != 0 {
+		t.Fatalf("the upgrade made %d tables in %s (%v), want none", inY, y, err)
+	}
+	refusedWith(t, tg, admin, "SF009", cluster.ErrTokenLowered, "UPDATE "+x+"."+tg.Prefix+"lease SET holder = 'z', instance = 'zi'")
+}

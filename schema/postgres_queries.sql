@@ -310,9 +310,9 @@ ON CONFLICT (scope, instance) DO UPDATE SET
 DO $hears$
 BEGIN
     PERFORM set_config('lock_timeout', '5000', true);
-    IF to_regclass('{{prefix}}nodes') IS NOT NULL AND NOT EXISTS (
+    IF to_regclass('{{nodes_regclass}}') IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM pg_attribute
-        WHERE attrelid = to_regclass('{{prefix}}nodes') AND attname = 'hears_releases' AND NOT attisdropped) THEN
+        WHERE attrelid = to_regclass('{{nodes_regclass}}') AND attname = 'hears_releases' AND NOT attisdropped) THEN
         ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
     END IF;
 END

@@ -77,7 +77,10 @@ BEGIN
     SELECT RAISE(ABORT, 'sqlfence SF006: a high-water mark may not be deleted');
 END;
 
--- Fencing tokens must never go back or be granted twice.
+-- Fencing tokens must never go back or be granted twice. An insert (a
+-- first grant, or a REPLACE, which skips the delete guard) must propose a
+-- token above every token granted: REPLACE at the current token would
+-- hand the term to another holder under it (version 7: SF009).
 DROP TRIGGER IF EXISTS {{prefix}}lease_guard_insert;
 
 CREATE TRIGGER {{prefix}}lease_guard_insert
@@ -85,6 +88,8 @@ BEFORE INSERT ON {{prefix}}lease FOR EACH ROW
 BEGIN
     SELECT RAISE(ABORT, 'sqlfence SF007: a fencing token below the high-water mark: the lease row went back')
     WHERE NEW.fencing_token < (SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name);
+    SELECT RAISE(ABORT, 'sqlfence SF009: a fencing token already granted may not be granted again: a new holder needs a new token')
+    WHERE NEW.fencing_token = (SELECT value FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name);
 END;
 
 DROP TRIGGER IF EXISTS {{prefix}}lease_guard_update;
@@ -272,8 +277,8 @@ CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope,
 
 DROP INDEX IF EXISTS {{prefix}}lanes_by_instance;
 
--- REPLACE skips the delete guard: the insert guard compares a claimed
--- token with the lane's high-water mark.
+-- REPLACE skips the delete guard: the insert guard requires a claimed
+-- token above the lane's high-water mark (at the mark: SF009).
 DROP TRIGGER IF EXISTS {{prefix}}lanes_guard_insert;
 
 CREATE TRIGGER {{prefix}}lanes_guard_insert
@@ -282,6 +287,10 @@ BEGIN
     SELECT RAISE(ABORT, 'sqlfence SF007: a lane fencing token below the high-water mark: the lane row went back')
     WHERE NEW.fencing_token <> 0
       AND NEW.fencing_token < (SELECT value FROM {{prefix}}high_water
+                               WHERE scope = 'lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane);
+    SELECT RAISE(ABORT, 'sqlfence SF009: a lane fencing token already granted may not be granted again: a new holder needs a new token')
+    WHERE NEW.fencing_token <> 0
+      AND NEW.fencing_token = (SELECT value FROM {{prefix}}high_water
                                WHERE scope = 'lane/' || length(NEW.scope) || '/' || NEW.scope || '/' || NEW.lane);
 END;
 
