@@ -39,6 +39,7 @@ const (
 	aUnknownRow      = "unknown-row"             // a row no node wrote
 	aChainBroken     = "chain-broken"            // the audit chain or its tip does not verify
 	aOverlap         = "overlapping-leaders"     // two processes believed they led at once
+	aMargin          = "margin"                  // a term was granted less than LeaseTTL - FenceTimeout after its predecessor's belief ended
 	aSlowRecovery    = "slow-recovery"           // no leader within LeaseTTL + 2 heartbeats of a heal
 	aHistory         = "history-unreadable"      // a history line could not be interpreted
 	aCrash           = "node-exited"             // a node process exited when the harness did not end it
@@ -79,10 +80,16 @@ type result struct {
 	Hearing     int             // processes (incarnations) that heard releases at some point (Stats.HearingReleases)
 	LongestGap  string          // the longest interval without a leader, and the faults in force during it
 	MinGap      time.Duration   // the smallest gap between two processes' beliefs
-	Linearized  int             // operations porcupine checked
-	CheckTime   time.Duration
-	ChainRows   int
-	Rows        int
+	// MinMargin is the smallest time from the end of a belief to the
+	// completion of the next term's grant, over the Margins terms that
+	// expired (not released); negative when the grant came first. Margin
+	// is what the design promises: LeaseTTL - FenceTimeout.
+	MinMargin, Margin time.Duration
+	Margins           int // the terms MinMargin was taken over
+	Linearized        int // operations porcupine checked
+	CheckTime         time.Duration
+	ChainRows         int
+	Rows              int
 }
 
 // label is the dialect and, when not database/sql, the stack.
@@ -140,7 +147,7 @@ func check(in checkInput) *result {
 	for _, f := range in.faults {
 		res.Faults[f.Kind]++
 	}
-	ops, grants, beliefs := collect(in.histories, res)
+	ops, grants, beliefs, released := collect(in.histories, res)
 	res.Grants, res.Beliefs = len(grants), len(beliefs)
 	present := checkWrites(in.final, ops, res)
 	if res.Outcomes["ok"] == 0 {
@@ -151,6 +158,7 @@ func check(in checkInput) *result {
 	checkGrants(in.final, grants, res)
 	checkLinearizable(ops, grants, present, in, res)
 	checkBeliefs(beliefs, res)
+	checkMargin(beliefs, grants, released, in, res)
 	checkRecovery(beliefs, in, res)
 	var longest [2]int64
 	res.Gaps, longest = leaderless(beliefs, in.start, in.end)
@@ -232,9 +240,11 @@ func leaderless(bs []belief, start, end int64) ([]time.Duration, [2]int64) {
 	return gaps, longest
 }
 
-// collect turns the histories into writes, grants and belief intervals.
-func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant, []belief) {
+// collect turns the histories into writes, grants and belief intervals,
+// and the tokens of the terms their holders released.
+func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant, []belief, map[uint64]bool) {
 	ops := map[string]*writeOp{}
+	released := map[uint64]bool{}
 	var grants []grant
 	var beliefs []belief
 	procs := make([]string, 0, len(hs))
@@ -259,6 +269,9 @@ func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant,
 				if r.What == eventHearing {
 					res.Hearing++
 				}
+				if strings.HasPrefix(r.What, string(cluster.EventLeaseReleased)) {
+					released[r.Token] = true
+				}
 			case kGrant:
 				grants = append(grants, grant{proc: p, token: r.Token, from: r.From, to: r.To, what: r.What})
 			case kBelief:
@@ -273,7 +286,7 @@ func collect(hs map[string][]record, res *result) (map[string]*writeOp, []grant,
 		}
 	}
 	res.Writes = len(ops)
-	return ops, grants, beliefs
+	return ops, grants, beliefs, released
 }
 
 // checkWrites compares every write's outcome with the final database, and
@@ -540,3 +553,67 @@ func checkRecovery(bs []belief, in checkInput, res *result) {
 }
 
 func sec(t int64) string { return fmt.Sprintf("%.3fs", float64(t)/1e9) }
+
+// checkMargin checks the promise behind the trust window: a term that
+// expired (its holder did not release it) is granted to the next holder
+// no sooner than LeaseTTL - FenceTimeout after its holder stopped
+// believing it led. A grant's record ends when the grant was done, so the
+// grant itself came no later: a record that ends sooner than the margin
+// after the belief is a violation for certain, and the measured gap is an
+// upper bound of the true one. A belief recorded ends at its last sample,
+// at most one sampling period before it really ended, which only makes
+// the measured gap larger. Terms whose predecessor was released are left
+// out on PostgreSQL: there a release hands the next term over, trusted
+// for a share of what is left of it, with no fixed margin.
+func checkMargin(bs []belief, gs []grant, released map[uint64]bool, in checkInput, res *result) {
+	res.Margin = in.timings.TTL - in.timings.FenceTimeout
+	end := map[uint64]belief{} // the latest belief under each token
+	for _, b := range bs {
+		if e, ok := end[b.token]; !ok || b.to > e.to {
+			end[b.token] = b
+		}
+	}
+	done := map[uint64]grant{} // the earliest completion of each token's grants
+	var tokens []uint64
+	for _, g := range gs {
+		if d, ok := done[g.token]; !ok || g.to < d.to {
+			if !ok {
+				tokens = append(tokens, g.token)
+			}
+			done[g.token] = g
+		}
+	}
+	slices.Sort(tokens)
+	ended := make([]uint64, 0, len(end))
+	for t := range end {
+		ended = append(ended, t)
+	}
+	slices.Sort(ended)
+	reported := 0
+	for _, t := range ended {
+		b := end[t]
+		if released[t] || in.dialect == cluster.Postgres && released[t-1] {
+			continue
+		}
+		i, found := slices.BinarySearch(tokens, t+1)
+		if !found && i == len(tokens) {
+			continue // no later grant recorded
+		}
+		g := done[tokens[i]]
+		gap := time.Duration(g.to - b.to)
+		res.Margins++
+		if res.Margins == 1 || gap < res.MinMargin {
+			res.MinMargin = gap
+		}
+		if gap < res.Margin-beliefSlack {
+			if reported < 20 {
+				res.add(aMargin, "%s believed it led under token %d until %s; token %d was granted to %s by %s, %v later (the margin is %v)",
+					b.proc, t, sec(b.to), g.token, g.proc, sec(g.to), gap.Round(time.Microsecond), res.Margin)
+			}
+			reported++
+		}
+	}
+	if reported > 20 {
+		res.add(aMargin, "and %d more terms granted within the margin", reported-20)
+	}
+}

@@ -470,8 +470,8 @@ func readWitnessFile(path string) (token uint64, counter int64, err error) {
 // end. freshID is the new node; stop is when it shut down.
 func checkFailover(res *failoverResult, before, after map[string][]record, promoted, fin *finalState, freshID string, stop int64) {
 	scratch := &result{Outcomes: map[string]int{}}
-	opsOld, grantsOld, _ := collect(before, scratch)
-	opsNew, grantsNew, beliefsNew := collect(after, scratch)
+	opsOld, grantsOld, _, _ := collect(before, scratch)
+	opsNew, grantsNew, beliefsNew, _ := collect(after, scratch)
 	res.Writes = len(opsOld) + len(opsNew)
 
 	// What was lost.

@@ -36,6 +36,7 @@ type experiment struct {
 	Mutant      string
 	Kinds       []string // fault kinds; empty means all the dialect takes
 	LeaderShare float64  // probability a fault aims at the leader
+	Cover       bool     // draw every fault kind at least once (see schedule)
 	Dir         string   // where histories and logs go
 	Log         io.Writer
 }
@@ -150,7 +151,7 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	}
 	// The stream is the label's length: the database/sql stacks keep the
 	// schedules their seeds always had.
-	plan := schedule(rand.New(rand.NewPCG(e.Seed, uint64(len(e.label())))), kinds, e.Nodes, e.Timings, e.Duration, e.LeaderShare)
+	plan := schedule(rand.New(rand.NewPCG(e.Seed, uint64(len(e.label())))), kinds, e.Nodes, e.Timings, e.Duration, e.LeaderShare, e.Cover)
 	defer h.teardown()
 	for i := range e.Nodes {
 		p := &proc{id: fmt.Sprintf("n%d", i+1), idx: i}
@@ -394,6 +395,13 @@ func (h *harness) apply(ctx context.Context, s step) error {
 	case faultLatency:
 		p.proxy.slow(s.Delay, s.Jitter)
 		sleepCtx(ctx, s.Hold)
+		p.proxy.heal()
+	case faultSlowCut:
+		p.proxy.slow(s.Delay, s.Jitter)
+		if sleepCtx(ctx, s.Cut) {
+			p.proxy.blackhole(true, true)
+			sleepCtx(ctx, s.Hold-s.Cut)
+		}
 		p.proxy.heal()
 	case faultReset:
 		f.Detail += fmt.Sprintf(" (%d connections)", p.proxy.reset())

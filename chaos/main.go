@@ -65,6 +65,7 @@ func harnessMain(args []string) int {
 	mutant := fs.String("mutant", "", "run a mutant the checker must catch: skip-fence, long-trust, steal, tip-guard")
 	faults := fs.String("faults", "", "comma-separated fault kinds (default: every kind the dialect takes; resign: drawn by default on postgres+pgx only)")
 	leaderShare := fs.Float64("leader-share", 0.75, "probability that a fault aims at the current leader")
+	cover := fs.Bool("cover", false, "draw every fault kind of the dialect at least once in each schedule (when it has as many faults as kinds)")
 	pgDSN := fs.String("postgres-dsn", envOr("CLUSTER_TEST_POSTGRES_DSN", defaultPostgresDSN), "PostgreSQL DSN")
 	myDSN := fs.String("mysql-dsn", envOr("CLUSTER_TEST_MYSQL_DSN", defaultMySQLDSN), "MySQL/MariaDB DSN")
 	out := fs.String("out", "", "directory for histories, logs and results (default: a new temporary directory)")
@@ -140,7 +141,7 @@ func harnessMain(args []string) int {
 		}
 		e := &experiment{
 			Dialect: cluster.Dialect(dialect), Stack: stack, Seed: *seed, Duration: *duration, Nodes: *nodes,
-			Timings: tm, Pause: *pause, StaleWrites: *stale, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare,
+			Timings: tm, Pause: *pause, StaleWrites: *stale, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare, Cover: *cover,
 			Dir: filepath.Join(dir, d),
 		}
 		switch e.Dialect {

@@ -3,8 +3,10 @@ package main
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/sqlfence/cluster"
 )
 
 func grantOp(tok uint64, call, ret int64) porcupine.Operation {
@@ -92,6 +94,11 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 		{aDuplicateGrant, func(hs map[string][]record, _ *finalState) {
 			hs["n2.1"] = append(hs["n2.1"], record{Kind: kGrant, Token: 1, From: 950 * ms, To: 960 * ms})
 		}},
+		// n1's belief ends at 350 ms and token 2 is granted by 800 ms: 450
+		// ms, under the 500 ms margin (LeaseTTL 2s - FenceTimeout 1.5s).
+		{aMargin, func(hs map[string][]record, _ *finalState) {
+			hs["n1.1"] = append(hs["n1.1"], record{Kind: kBelief, Token: 1, From: 1 * ms, To: 350 * ms})
+		}},
 		{aChainBroken, func(_ map[string][]record, fs *finalState) {
 			fs.Audit = []dbAudit{{Counter: 1, Hash: []byte("not the hash"), Payload: "n1.1#1|1|1"}}
 		}},
@@ -108,6 +115,18 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 	hs["n2.1"] = append(hs["n2.1"], record{T: 5 * ms, Kind: kEvent, What: eventHearing})
 	if res := pgx(hs, fs); len(res.Anomalies) != 0 || res.Hearing != 1 {
 		t.Errorf("postgres+pgx with one process hearing: %v, hearing %d", res.Anomalies, res.Hearing)
+	}
+	// A clean history measures its margin: 700 ms, over one expired term.
+	hs, fs = base()
+	if res := run(hs, fs); res.MinMargin != 700*time.Millisecond || res.Margins != 1 || res.Margin != 500*time.Millisecond {
+		t.Errorf("clean history's margin: smallest %v over %d terms, promised %v; want 700ms over 1, 500ms", res.MinMargin, res.Margins, res.Margin)
+	}
+	// The same short gap after a release is no violation: a released
+	// term may be followed at once.
+	hs["n1.1"] = append(hs["n1.1"], record{Kind: kBelief, Token: 1, From: 1 * ms, To: 350 * ms},
+		record{T: 351 * ms, Kind: kEvent, Token: 1, What: string(cluster.EventLeaseReleased)})
+	if res := run(hs, fs); len(res.Anomalies) != 0 || res.Margins != 0 {
+		t.Errorf("a released term followed within the margin: %v (%d terms measured); want none", res.Anomalies, res.Margins)
 	}
 	for _, tt := range tests {
 		t.Run(tt.kind, func(t *testing.T) {

@@ -19,10 +19,11 @@ const (
 	faultDBKill    = "dbkill"    // the server ends the node's sessions
 	faultClock     = "clock"     // a clean restart with the node's wall clock set off
 	faultResign    = "resign"    // the node resigns (SIGUSR1 makes it call Resign)
+	faultSlowCut   = "slow-cut"  // latency near the renew deadline, then a partition both ways while it lasts
 )
 
 // allFaults lists every kind, in the order reports show them.
-var allFaults = []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign}
+var allFaults = []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign, faultSlowCut}
 
 // faultKinds lists the kinds drawn by default on a dialect and stack:
 // SQLite nodes share a file, so they have no proxy and no server
@@ -41,7 +42,7 @@ func faultKinds(d cluster.Dialect, stack string) []string {
 
 // weight is how often a kind is drawn relative to the others.
 var weight = map[string]int{
-	faultKill: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1, faultResign: 2,
+	faultKill: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1, faultResign: 2, faultSlowCut: 2,
 }
 
 // A step is one fault of the schedule. Everything in it is drawn from the
@@ -54,8 +55,9 @@ type step struct {
 	Fallback int           // node index when not aiming at the leader, or when none leads
 	Hold     time.Duration // how long the fault lasts; 0 for instant faults
 	Up, Down bool          // partition directions (client to server, server to client)
-	Delay    time.Duration // latency: one-way delay per chunk
+	Delay    time.Duration // latency, slow-cut: one-way delay per chunk
 	Jitter   time.Duration
+	Cut      time.Duration // slow-cut: when, within Hold, the partition begins
 	Offset   time.Duration // clock: the wall-clock offset of the restarted node
 }
 
@@ -75,6 +77,9 @@ func (s step) String() string {
 		return fmt.Sprintf("%s %s %s for %v", s.Kind, aim, dir, s.Hold.Round(time.Millisecond))
 	case faultLatency:
 		return fmt.Sprintf("%s %s %v±%v for %v", s.Kind, aim, s.Delay.Round(time.Millisecond), s.Jitter.Round(time.Millisecond), s.Hold.Round(time.Millisecond))
+	case faultSlowCut:
+		return fmt.Sprintf("%s %s %v±%v, cut after %v, for %v", s.Kind, aim, s.Delay.Round(time.Millisecond), s.Jitter.Round(time.Millisecond),
+			s.Cut.Round(time.Millisecond), s.Hold.Round(time.Millisecond))
 	case faultClock:
 		return fmt.Sprintf("%s %s offset %v", s.Kind, aim, s.Offset)
 	case faultReset, faultDBKill:
@@ -90,18 +95,20 @@ type timings struct {
 
 // schedule draws faults from rng until they fill d. kinds are the kinds
 // allowed; leaderShare is the probability that a fault aims at the leader.
-func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Duration, leaderShare float64) []step {
+// With cover, the schedule draws as many different kinds as it has steps,
+// up to all of them: a kind missing from the draw replaces a step of the
+// most frequent kind while one is drawn twice (a short run would otherwise
+// draw no pause, or no latency, for a dialect). Without it, a seed's
+// schedule is what it always was.
+func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Duration, leaderShare float64, cover bool) []step {
 	total := 0
 	for _, k := range kinds {
 		total += weight[k]
 	}
-	between := func(lo, hi float64, unit time.Duration) time.Duration {
-		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(unit))
-	}
 	var out []step
 	var used time.Duration
 	for used < d {
-		s := step{Rest: between(1, 2, tm.TTL)}
+		s := step{Rest: between(rng, 1, 2, tm.TTL)}
 		r := rng.IntN(total)
 		for _, k := range kinds {
 			if r -= weight[k]; r < 0 {
@@ -111,42 +118,87 @@ func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Dura
 		}
 		s.Leader = rng.Float64() < leaderShare
 		s.Fallback = rng.IntN(nodes)
-		switch s.Kind {
-		case faultKill:
-			s.Hold = between(0.3, 2, tm.TTL)
-		case faultPause:
-			s.Hold = between(1.2, 2.5, tm.TTL)
-		case faultPartition:
-			s.Hold = between(0.5, 2.5, tm.TTL)
-			switch rng.IntN(3) {
-			case 0:
-				s.Up, s.Down = true, true
-			case 1:
-				s.Up = true
-			default:
-				s.Down = true
-			}
-		case faultLatency:
-			// A round trip of about FenceTimeout - HeartbeatInterval is
-			// what the first renew after a success has before its trust
-			// window ends: aim around it, on both sides.
-			s.Hold = between(1, 3, tm.TTL)
-			s.Delay = between(0.25, 0.55, tm.FenceTimeout-tm.Heartbeat)
-			s.Jitter = s.Delay / 4
-		case faultResign:
-			// Long enough for the handoff to finish within the fault, so
-			// the report's failover times include it.
-			s.Hold = tm.Heartbeat
-		case faultClock:
-			s.Offset = between(60, 48*3600, time.Second).Round(time.Second)
-			if rng.IntN(2) == 0 {
-				s.Offset = -s.Offset
-			}
-		}
+		drawParams(rng, &s, tm)
 		used += s.Rest + s.Hold
 		out = append(out, s)
 	}
+	if cover {
+		for _, k := range kinds {
+			n := map[string]int{}
+			for _, s := range out {
+				n[s.Kind]++
+			}
+			if n[k] > 0 {
+				continue
+			}
+			most := 0
+			for i, s := range out {
+				if n[s.Kind] > n[out[most].Kind] {
+					most = i
+				}
+			}
+			if n[out[most].Kind] < 2 {
+				break // every step has a kind of its own
+			}
+			out[most].Kind = k
+			out[most].Hold, out[most].Up, out[most].Down, out[most].Delay, out[most].Jitter, out[most].Offset, out[most].Cut = 0, false, false, 0, 0, 0, 0
+			drawParams(rng, &out[most], tm)
+		}
+	}
 	return out
+}
+
+// between draws a duration uniformly between lo and hi units.
+func between(rng *rand.Rand, lo, hi float64, unit time.Duration) time.Duration {
+	return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(unit))
+}
+
+// drawParams draws how long fault s lasts and how it acts, by its kind.
+func drawParams(rng *rand.Rand, s *step, tm timings) {
+	switch s.Kind {
+	case faultKill:
+		s.Hold = between(rng, 0.3, 2, tm.TTL)
+	case faultPause:
+		s.Hold = between(rng, 1.2, 2.5, tm.TTL)
+	case faultPartition:
+		s.Hold = between(rng, 0.5, 2.5, tm.TTL)
+		switch rng.IntN(3) {
+		case 0:
+			s.Up, s.Down = true, true
+		case 1:
+			s.Up = true
+		default:
+			s.Down = true
+		}
+	case faultLatency:
+		// A round trip of about FenceTimeout - HeartbeatInterval is
+		// what the first renew after a success has before its trust
+		// window ends: aim around it, on both sides.
+		s.Hold = between(rng, 1, 3, tm.TTL)
+		s.Delay = between(rng, 0.25, 0.55, tm.FenceTimeout-tm.Heartbeat)
+		s.Jitter = s.Delay / 4
+	case faultSlowCut:
+		// A slow answer to a renew that still succeeds, then nothing: the
+		// belief that answer bought must still end the margin before the
+		// next grant. The cut comes after one or two renews under the
+		// delay; it lasts past the TTL, so the lease expires.
+		// The delay is most of what a renew's round trip may take and
+		// still succeed (FenceTimeout - HeartbeatInterval, less a tenth):
+		// the slower the answer, the more a wrong trust window gains.
+		s.Delay = between(rng, 0.3, 0.4, tm.FenceTimeout-tm.Heartbeat)
+		s.Jitter = s.Delay / 8
+		s.Cut = between(rng, 1, 2, tm.Heartbeat) + 2*s.Delay
+		s.Hold = s.Cut + between(rng, 1.2, 2, tm.TTL)
+	case faultResign:
+		// Long enough for the handoff to finish within the fault, so
+		// the report's failover times include it.
+		s.Hold = tm.Heartbeat
+	case faultClock:
+		s.Offset = between(rng, 60, 48*3600, time.Second).Round(time.Second)
+		if rng.IntN(2) == 0 {
+			s.Offset = -s.Offset
+		}
+	}
 }
 
 // allowed reports whether every kind is one the dialect can take: those
@@ -155,6 +207,9 @@ func allowed(d cluster.Dialect, stack string, kinds []string) error {
 	avail := faultKinds(d, stack)
 	if !slices.Contains(avail, faultResign) {
 		avail = append(avail, faultResign)
+	}
+	if d != cluster.SQLite {
+		avail = append(avail, faultSlowCut) // asked for with -faults; not drawn by default, which would change the schedules of known seeds
 	}
 	for _, k := range kinds {
 		if !slices.Contains(avail, k) {

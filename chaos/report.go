@@ -34,6 +34,7 @@ func report(w io.Writer, r *result) {
 		gap = r.MinGap.Round(time.Microsecond).String()
 	}
 	fmt.Fprintf(w, "beliefs     smallest gap between two processes' beliefs: %s\n", gap)
+	fmt.Fprintf(w, "margin      %s\n", marginLine(r))
 	fmt.Fprintf(w, "porcupine   %d operations checked in %v\n", r.Linearized, r.CheckTime.Round(time.Millisecond))
 	writeAnomalies(w, r.Anomalies)
 }
@@ -134,6 +135,7 @@ func markdown(w io.Writer, command string, rs []*result) {
 			gap = r.MinGap.Round(time.Microsecond).String()
 		}
 		row("", "smallest gap between two processes' beliefs", gap)
+		row("", "smallest gap from a belief's end to the next term's grant (expired terms)", marginLine(r))
 		row("", "porcupine", fmt.Sprintf("%d operations in %v", r.Linearized, r.CheckTime.Round(time.Millisecond)))
 		fmt.Fprintln(w)
 	}
@@ -177,4 +179,14 @@ func writeAnomalies(w io.Writer, as []anomaly) {
 		}
 		fmt.Fprintf(w, "  %s: %s\n", a.Kind, a.Detail)
 	}
+}
+
+// marginLine is the smallest belief-to-grant gap against the promised
+// margin, LeaseTTL - FenceTimeout.
+func marginLine(r *result) string {
+	if r.Margins == 0 {
+		return fmt.Sprintf("no expired term was followed by a grant (promised at least %v)", r.Margin)
+	}
+	return fmt.Sprintf("smallest %v from a belief's end to the next term's grant, over %d expired terms (promised at least %v)",
+		r.MinMargin.Round(time.Millisecond), r.Margins, r.Margin)
 }
