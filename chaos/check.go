@@ -40,6 +40,9 @@ const (
 	aChainBroken     = "chain-broken"            // the audit chain or its tip does not verify
 	aOverlap         = "overlapping-leaders"     // two processes believed they led at once
 	aMargin          = "margin"                  // a term was granted less than LeaseTTL - FenceTimeout after its predecessor's belief ended
+	aConfigRepeat    = "config-repeated"         // two bumps returned one config version, or a bump returned one not above a bump that returned before it began
+	aConfigLost      = "config-lost"             // the database's config version is below what the acknowledged bumps add up to
+	aConfigPhantom   = "config-phantom"          // the database's config version is above what every bump invoked could add up to
 	aSlowRecovery    = "slow-recovery"           // no leader within LeaseTTL + 2 heartbeats of a heal
 	aHistory         = "history-unreadable"      // a history line could not be interpreted
 	aCrash           = "node-exited"             // a node process exited when the harness did not end it
@@ -86,10 +89,16 @@ type result struct {
 	// is what the design promises: LeaseTTL - FenceTimeout.
 	MinMargin, Margin time.Duration
 	Margins           int // the terms MinMargin was taken over
-	Linearized        int // operations porcupine checked
-	CheckTime         time.Duration
-	ChainRows         int
-	Rows              int
+
+	// The config-version workload: bumps invoked, acknowledged (the
+	// others' outcome is unknown), and the version in the database at
+	// the end.
+	Bumps, BumpsOK int
+	ConfigVersion  int64
+	Linearized     int // operations porcupine checked
+	CheckTime      time.Duration
+	ChainRows      int
+	Rows           int
 }
 
 // label is the dialect and, when not database/sql, the stack.
@@ -159,6 +168,7 @@ func check(in checkInput) *result {
 	checkLinearizable(ops, grants, present, in, res)
 	checkBeliefs(beliefs, res)
 	checkMargin(beliefs, grants, released, in, res)
+	checkConfig(in, res)
 	checkRecovery(beliefs, in, res)
 	var longest [2]int64
 	res.Gaps, longest = leaderless(beliefs, in.start, in.end)
@@ -615,5 +625,84 @@ func checkMargin(bs []belief, gs []grant, released map[uint64]bool, in checkInpu
 	}
 	if reported > 20 {
 		res.add(aMargin, "and %d more terms granted within the margin", reported-20)
+	}
+}
+
+// checkConfig checks the config version, a counter every node bumps: the
+// bumps acknowledged returned distinct versions, each above that of every
+// bump that returned before it began (a linearizable counter); the final
+// version is at least the acknowledged count and the highest version
+// returned (none lost), and at most the bumps invoked (none made up).
+func checkConfig(in checkInput, res *result) {
+	type bump struct {
+		proc     string
+		from, to int64
+		v        int64
+	}
+	var ok []bump
+	for p, rs := range in.histories {
+		for _, r := range rs {
+			if r.Kind != kBump {
+				continue
+			}
+			if r.What == "call" {
+				res.Bumps++
+			}
+			if r.What == "ok" {
+				ok = append(ok, bump{p, r.From, r.To, r.Seq})
+			}
+		}
+	}
+	res.BumpsOK = len(ok)
+	if in.final != nil {
+		res.ConfigVersion = in.final.ConfigVersion
+	}
+	if res.Bumps == 0 {
+		return
+	}
+	reported := 0
+	report := func(kind, format string, args ...any) {
+		if reported < 20 {
+			res.add(kind, format, args...)
+		}
+		reported++
+	}
+	seen := map[int64]bump{}
+	var highest int64
+	for _, b := range ok {
+		if o, dup := seen[b.v]; dup {
+			report(aConfigRepeat, "config version %d was returned to a bump of %s (%s-%s) and one of %s (%s-%s)", b.v, o.proc, sec(o.from), sec(o.to), b.proc, sec(b.from), sec(b.to))
+		}
+		seen[b.v] = b
+		highest = max(highest, b.v)
+	}
+	byCall := slices.Clone(ok)
+	slices.SortFunc(byCall, func(a, b bump) int { return int(a.from - b.from) })
+	byReturn := slices.Clone(ok)
+	slices.SortFunc(byReturn, func(a, b bump) int { return int(a.to - b.to) })
+	var before bump // the highest version among the bumps returned so far
+	j := 0
+	for _, b := range byCall {
+		for ; j < len(byReturn) && byReturn[j].to < b.from; j++ {
+			if byReturn[j].v > before.v {
+				before = byReturn[j]
+			}
+		}
+		if before.v > 0 && b.v <= before.v {
+			report(aConfigRepeat, "a bump of %s began at %s, after one of %s had returned version %d, and returned %d", b.proc, sec(b.from), before.proc, before.v, b.v)
+		}
+	}
+	if in.final == nil {
+		return
+	}
+	final := in.final.ConfigVersion
+	if final < highest || final < int64(len(ok)) {
+		report(aConfigLost, "the database's config version is %d; bumps returned versions up to %d, %d of them acknowledged", final, highest, len(ok))
+	}
+	if final > int64(res.Bumps) {
+		report(aConfigPhantom, "the database's config version is %d, above the %d bumps invoked", final, res.Bumps)
+	}
+	if reported > 20 {
+		res.add(aConfigRepeat, "and %d more config-version anomalies", reported-20)
 	}
 }

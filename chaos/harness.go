@@ -532,6 +532,9 @@ type finalState struct {
 	Tip        *dbTip
 	LeaseToken int64
 	HighWater  int64
+	// ConfigVersion is the config version of lease name "leader" (0 when
+	// it has no row).
+	ConfigVersion int64
 }
 
 type dbWrite struct {
@@ -590,6 +593,9 @@ func (h *harness) final(ctx context.Context) (*finalState, error) {
 		return nil, err
 	}
 	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT fencing_token FROM "+p+"lease WHERE name = ?"), "leader").Scan(&fs.LeaseToken); err != nil {
+		return nil, err
+	}
+	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT config_version FROM "+p+"config WHERE scope = ?"), "leader").Scan(&fs.ConfigVersion); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, err
 	}
 	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT value FROM "+p+"high_water WHERE scope = ?"), "lease/leader").Scan(&fs.HighWater); err != nil {

@@ -33,6 +33,7 @@ const (
 	kBelief = "belief" // this node believed it led throughout [From, To]
 	kEvent  = "event"  // a transition the library reported, or "new-failed" (Err has why)
 	kRefuse = "refuse" // Fence or AdvanceTip refused (detail in Err); also a kFail
+	kBump   = "bump"   // a config-version bump: What "call" when it begins, then "ok" (the version in Seq) or "unknown" (Err) over [From, To]
 )
 
 // eventHearing is the What of the kEvent a process records the first time

@@ -61,6 +61,22 @@ var libMutants = []libMutant{
 		Stack: "postgres+pgx", Faults: []string{faultPartition}, Seed: 20,
 		Why: "the same, through clusterpgx, whose followers LISTEN",
 	},
+	{
+		Name:  "pg-config-bump",
+		File:  "schema/postgres_queries.sql",
+		Old:   "    config_version = k.config_version + 1,",
+		New:   "    config_version = k.config_version,",
+		Stack: "postgres", Faults: []string{faultKill}, Seed: 21,
+		Why: "PostgreSQL's config bump upserts the row without incrementing it: every bump after the first returns the same version",
+	},
+	{
+		Name:  "sqlite-config-bump",
+		File:  "schema/sqlite_queries.sql",
+		Old:   "    config_version = config_version + 1,",
+		New:   "    config_version = config_version,",
+		Stack: "sqlite", Faults: []string{faultKill}, Seed: 22,
+		Why: "SQLite's config bump, the same",
+	},
 }
 
 // skipDirs are the directories of the repository that building this

@@ -99,6 +99,9 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 		{aMargin, func(hs map[string][]record, _ *finalState) {
 			hs["n1.1"] = append(hs["n1.1"], record{Kind: kBelief, Token: 1, From: 1 * ms, To: 350 * ms})
 		}},
+		{aConfigRepeat, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 1, 2) }},
+		{aConfigLost, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 2, 1) }},
+		{aConfigPhantom, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 2, 3) }},
 		{aChainBroken, func(_ map[string][]record, fs *finalState) {
 			fs.Audit = []dbAudit{{Counter: 1, Hash: []byte("not the hash"), Payload: "n1.1#1|1|1"}}
 		}},
@@ -115,6 +118,12 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 	hs["n2.1"] = append(hs["n2.1"], record{T: 5 * ms, Kind: kEvent, What: eventHearing})
 	if res := pgx(hs, fs); len(res.Anomalies) != 0 || res.Hearing != 1 {
 		t.Errorf("postgres+pgx with one process hearing: %v, hearing %d", res.Anomalies, res.Hearing)
+	}
+	// Two bumps in sequence, versions 1 and 2, and 2 in the database: clean.
+	hs, fs = base()
+	bumps(hs, fs, 1, 2, 2)
+	if res := run(hs, fs); len(res.Anomalies) != 0 || res.Bumps != 2 || res.BumpsOK != 2 {
+		t.Errorf("clean bumps: %v, %d bumps (%d acknowledged)", res.Anomalies, res.Bumps, res.BumpsOK)
 	}
 	// A clean history measures its margin: 700 ms, over one expired term.
 	hs, fs = base()
@@ -141,4 +150,15 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 			t.Errorf("no %s among %v", tt.kind, res.Anomalies)
 		})
 	}
+}
+
+// bumps adds two config-version bumps to hs, n1's returning v1 and, after
+// it, n2's returning v2, and final as the database's version.
+func bumps(hs map[string][]record, fs *finalState, v1, v2, final int64) {
+	ms := int64(1e6)
+	hs["n1.1"] = append(hs["n1.1"], record{T: 10 * ms, Kind: kBump, What: "call"},
+		record{T: 20 * ms, Kind: kBump, What: "ok", From: 10 * ms, To: 20 * ms, Seq: v1})
+	hs["n2.1"] = append(hs["n2.1"], record{T: 30 * ms, Kind: kBump, What: "call"},
+		record{T: 40 * ms, Kind: kBump, What: "ok", From: 30 * ms, To: 40 * ms, Seq: v2})
+	fs.ConfigVersion = final
 }

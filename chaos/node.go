@@ -193,6 +193,7 @@ func nodeMain(raw string) int {
 		wg.Go(func() { n.steal(ctx) })
 	}
 	wg.Go(func() { n.resigner(ctx, resign) })
+	wg.Go(func() { n.bumps(ctx) })
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -563,5 +564,32 @@ func (n *node) steal(ctx context.Context) {
 		n.stolen, n.stolenUntil = uint64(tok), start+int64(n.cfg.FenceTimeout)
 		n.mu.Unlock()
 		n.h.add(record{T: end, Kind: kGrant, Token: uint64(tok), From: start, To: end, What: "steal"})
+	}
+}
+
+// bumps is the config-version workload: every ten write pauses, leader or
+// not, the node bumps the version and records what the call returned. A
+// failed call is of unknown outcome: its one statement may have committed.
+func (n *node) bumps(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * n.cfg.Pause):
+		}
+		from := n.clk.now()
+		n.h.add(record{T: from, Kind: kBump, What: "call"}) // before: a killed process's bump may commit
+		bctx, cancel := context.WithTimeout(ctx, n.cfg.TTL)
+		v, err := n.c.BumpConfigVersion(bctx)
+		cancel()
+		r := record{T: n.clk.now(), Kind: kBump, From: from, What: "ok", Seq: int64(v)}
+		r.To = r.T
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.What, r.Seq, r.Err = "unknown", 0, err.Error()
+		}
+		n.h.add(r)
 	}
 }

@@ -35,6 +35,7 @@ func report(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "beliefs     smallest gap between two processes' beliefs: %s\n", gap)
 	fmt.Fprintf(w, "margin      %s\n", marginLine(r))
+	fmt.Fprintf(w, "config      %d bumps (%d acknowledged); the database's version at the end: %d\n", r.Bumps, r.BumpsOK, r.ConfigVersion)
 	fmt.Fprintf(w, "porcupine   %d operations checked in %v\n", r.Linearized, r.CheckTime.Round(time.Millisecond))
 	writeAnomalies(w, r.Anomalies)
 }
@@ -136,6 +137,7 @@ func markdown(w io.Writer, command string, rs []*result) {
 		}
 		row("", "smallest gap between two processes' beliefs", gap)
 		row("", "smallest gap from a belief's end to the next term's grant (expired terms)", marginLine(r))
+		row("", "config-version bumps (acknowledged), version at the end", fmt.Sprintf("%d (%d), %d", r.Bumps, r.BumpsOK, r.ConfigVersion))
 		row("", "porcupine", fmt.Sprintf("%d operations in %v", r.Linearized, r.CheckTime.Round(time.Millisecond)))
 		fmt.Fprintln(w)
 	}
