@@ -36,7 +36,14 @@ func TestLaneClaimReadsNoHistory(t *testing.T) {
 			if err != nil || len(members) != 1 {
 				t.Fatal(members, err)
 			}
-			addHistory(t, tg, db, members[0].Instance, history)
+			addHistory(t, tg, db, "a", members[0].Instance, history)
+			analyze := "ANALYZE " + tg.Prefix + "lanes"
+			if tg.Dialect == cluster.MySQL {
+				analyze = "ANALYZE TABLE " + tg.Prefix + "lanes"
+			}
+			if _, err := db.Exec(analyze); err != nil {
+				t.Fatal(err)
+			}
 
 			conn, err := db.Conn(ctx)
 			if err != nil {
@@ -64,9 +71,10 @@ func TestLaneClaimReadsNoHistory(t *testing.T) {
 	}
 }
 
-// addHistory adds n lanes of lease name "leader" that instance held and
-// released an hour ago, and updates the planner's statistics.
-func addHistory(t testing.TB, tg testdb.Target, db *sql.DB, instance string, n int) {
+// addHistory adds n lanes of lease name "leader" that node holder's
+// process instance held and released an hour ago, in batches of 1000
+// rows, with their high-water marks (written by the guards).
+func addHistory(t testing.TB, tg testdb.Target, db *sql.DB, holder, instance string, n int) {
 	t.Helper()
 	ago := strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10)
 	for done := 0; done < n; {
@@ -76,19 +84,12 @@ func addHistory(t testing.TB, tg testdb.Target, db *sql.DB, instance string, n i
 			if j > 0 {
 				q.WriteString(", ")
 			}
-			q.WriteString("('leader', 'old-" + strconv.Itoa(done) + "', 'a', '" + instance + "', 1, " + ago + ", " + ago + ", " + ago + ")")
+			q.WriteString("('leader', 'old-" + strconv.Itoa(done) + "', '" + holder + "', '" + instance + "', 1, " + ago + ", " + ago + ", " + ago + ")")
 			done++
 		}
 		if _, err := db.Exec(q.String()); err != nil {
 			t.Fatal(err)
 		}
-	}
-	analyze := "ANALYZE " + tg.Prefix + "lanes"
-	if tg.Dialect == cluster.MySQL {
-		analyze = "ANALYZE TABLE " + tg.Prefix + "lanes"
-	}
-	if _, err := db.Exec(analyze); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 )
 
 // initProvider returns the default provider over db, its tables created.
-func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) cluster.Provider {
+func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) *cluster.DBProvider {
 	t.Helper()
 	p, err := cluster.NewDBProvider(db, "", tg.Prefix)
 	if err != nil {
@@ -61,7 +61,7 @@ func sqlLaneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
 	db := tg.Open(t)
 	initProvider(t, tg, db)
 	return providertest.LaneTarget{
-		Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)).(cluster.LaneStore) },
+		Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)) },
 		Begin: func(ctx context.Context) (providertest.Tx, error) {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -107,7 +107,7 @@ func TestSchemaNewerVersionRefused(t *testing.T) {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
-		err := p.(cluster.Initializer).Init(ctx)
+		err := p.Init(ctx)
 		if !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "99") {
 			t.Fatalf("Init over schema version 99 = %v, want ErrSchema naming the version", err)
 		}

@@ -26,19 +26,27 @@ type releaseRace struct {
 func newReleaseRace(t *testing.T, d cluster.Dialect) releaseRace {
 	t.Helper()
 	tg := testdb.New(t, d)
-	db := tg.Open(t)
-	p, err := cluster.NewDBProvider(db, d, tg.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	r := releaseRace{db: db, p: p, prefix: tg.Prefix, now: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"}
-	if d == cluster.Postgres {
-		r.now, r.pg = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint", true
+	return raceOn(t, tg, tg.Open(t))
+}
+
+// raceOn is newReleaseRace on db, a pool of tg.
+func raceOn(t *testing.T, tg testdb.Target, db *sql.DB) releaseRace {
+	t.Helper()
+	r := releaseRace{db: db, p: initProvider(t, tg, db), prefix: tg.Prefix, now: dbNow(tg.Dialect), pg: tg.Dialect == cluster.Postgres}
+	if tg.Dialect == cluster.MySQL {
+		r.now = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000"
 	}
 	return r
+}
+
+// heldLane inserts lane key of scope, held by holder h, instance i, under
+// token 1 for a minute.
+func (r releaseRace) heldLane(t *testing.T, scope, key string) {
+	t.Helper()
+	if _, err := r.db.ExecContext(context.Background(), r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
+		"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), scope, key); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // bind turns q's ? placeholders into PostgreSQL's $n there.
@@ -106,10 +114,7 @@ func TestLaneRenewDoesNotReviveAReleasedLane(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
-				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
-				t.Fatal(err)
-			}
+			r.heldLane(t, "s", "k")
 			left, err := r.run(t, "lanes", "scope = ? AND lane = ?", []any{"s", "k"}, func() error {
 				_, err := r.p.RenewLanes(ctx, "s", "i", time.Minute, time.Minute)
 				return err
@@ -161,14 +166,8 @@ func TestRenewDoesNotReviveAReleasedTerm(t *testing.T) {
 func TestOperatorReleaseEndsOnlyTheTermItNames(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		db := tg.Open(t)
-		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Init(ctx); err != nil {
-			t.Fatal(err)
-		}
+		r := raceOn(t, tg, tg.Open(t))
+		p := r.p
 		l, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
@@ -183,8 +182,6 @@ func TestOperatorReleaseEndsOnlyTheTermItNames(t *testing.T) {
 		}
 
 		if tg.Dialect != cluster.SQLite { // SQLite has one writer: no statement waits mid-way
-			r := newReleaseRace(t, tg.Dialect)
-			r.db, r.p, r.prefix = db, p, tg.Prefix
 			left, err := r.runSet(t, "lease", "name = ?",
 				"holder = 'z', instance = 'zi', fencing_token = fencing_token + 1, acquired_at = {{now}}, renewed_at = {{now}}, expires_at = {{now}} + 60000",
 				[]any{"leader"}, func() error {
@@ -224,10 +221,7 @@ func TestOperatorLaneReleaseEndsOnlyTheClaimItNames(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
-				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
-				t.Fatal(err)
-			}
+			r.heldLane(t, "s", "k")
 			var held *cluster.LaneHeldError
 			left, err := r.runSet(t, "lanes", "scope = ? AND lane = ?",
 				"holder = 'z', instance = 'zi', fencing_token = 2, acquired_at = {{now}}, renewed_at = {{now}}, expires_at = {{now}} + 60000",
@@ -259,10 +253,7 @@ func TestLaneClaimDoesNotReviveAReleasedLane(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			if _, err := r.db.ExecContext(ctx, r.bind("INSERT INTO "+r.prefix+"lanes (scope, lane, holder, instance, fencing_token, acquired_at, renewed_at, expires_at) "+
-				"VALUES (?, ?, 'h', 'i', 1, "+r.now+", "+r.now+", "+r.now+" + 60000)"), "s", "k"); err != nil {
-				t.Fatal(err)
-			}
+			r.heldLane(t, "s", "k")
 			var got cluster.Lane
 			left, err := r.run(t, "lanes", "scope = ? AND lane = ?", []any{"s", "k"}, func() error {
 				tx, err := r.db.BeginTx(ctx, nil)
