@@ -64,7 +64,14 @@ func (r releaseRace) bind(q string) string {
 // after (0 or less: released) and renew's error.
 func (r releaseRace) run(t *testing.T, table, where string, args []any, renew func() error) (int64, error) {
 	t.Helper()
-	return r.runSet(t, table, where, "renewed_at = "+r.now+", expires_at = "+r.now, args, renew)
+	// One instant for both columns, as a release's statement reads its
+	// clock once: PostgreSQL's clock_timestamp() read twice can cross a
+	// millisecond and leave expires_at above renewed_at.
+	now := r.now
+	if r.pg {
+		now = "floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
+	}
+	return r.runSet(t, table, where, "renewed_at = "+now+", expires_at = "+now, args, renew)
 }
 
 // runSet is run with set, an UPDATE's SET list in which {{now}} is the
