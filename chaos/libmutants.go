@@ -38,14 +38,6 @@ type libMutant struct {
 // nemesis does not reach yet) are listed in RELIABILITY.md with why.
 var libMutants = []libMutant{
 	{
-		Name:  "leader-ignores-clock",
-		File:  "cluster.go",
-		Old:   "	if t := c.term.Load(); t != nil && mono() < t.until.Load() {",
-		New:   "	if t := c.term.Load(); t != nil {",
-		Stack: "mysql", Faults: []string{faultPause}, Seed: 19, Duration: 30 * time.Second,
-		Why: "IsLeader trusts the term the node holds without reading the clock: a process resumed after a pause believes it leads until its heartbeat notices",
-	},
-	{
 		Name:  "trust-ttl",
 		File:  "lease.go",
 		Old:   "case err == nil && now < until && t.until.CompareAndSwap(until, monoAfter(start, c.cfg.FenceTimeout)):",
