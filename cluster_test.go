@@ -352,6 +352,48 @@ func TestTrustWindowEndsWithoutGoroutine(t *testing.T) {
 	}
 }
 
+// A renew's trust counts from when it was sent, not from its answer: an
+// answer that took most of the window buys no time past FenceTimeout from
+// the renew's start, which is what keeps the belief LeaseTTL -
+// FenceTimeout ahead of the expiry the database counted from its own,
+// later, reading of the clock.
+func TestTrustCountsFromTheRenewsStart(t *testing.T) {
+	t.Parallel()
+	const slow = 400 * time.Millisecond // under the 540ms a renew may take with FenceTimeout 700ms and heartbeat 100ms
+	var calls atomic.Int32
+	var slowStart atomic.Int64 // unix nanoseconds
+	stuck := make(chan struct{})
+	var acquired atomic.Bool
+	p := &fakeProvider{AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		if acquired.Swap(true) { // one term: IsLeader stays false once it ends
+			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: "o", FencingToken: 2, Remaining: time.Second}
+		}
+		return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+	}, RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+		switch calls.Add(1) {
+		case 1:
+			return l, nil
+		case 2:
+			slowStart.Store(time.Now().UnixNano())
+			time.Sleep(slow)
+			return l, nil // a success, answered late
+		}
+		select {
+		case <-stuck:
+		case <-ctx.Done():
+		}
+		return l, errors.New("no answer")
+	}}
+	c := startFake(t, p)
+	defer close(stuck)
+	waitFor(t, 3*time.Second, "the slow renew", func() bool { return slowStart.Load() != 0 })
+	waitFor(t, 3*time.Second, "IsLeader to turn false", func() bool { return !c.IsLeader() })
+	believed := time.Since(time.Unix(0, slowStart.Load()))
+	if believed > testdb.FenceTimeout+150*time.Millisecond {
+		t.Fatalf("IsLeader stayed true %v after the start of the last successful renew, which took %v; FenceTimeout is %v", believed, slow, testdb.FenceTimeout)
+	}
+}
+
 // A failed renew is retried while the window lasts; one failure is not a
 // lost lease.
 func TestTransientRenewFailureKeepsLease(t *testing.T) {
