@@ -74,7 +74,7 @@ func TestExperiment(t *testing.T) {
 	for d, dsn := range dialects(t) {
 		t.Run(string(d), func(t *testing.T) {
 			res := runExperiment(t, &experiment{Dialect: d, DSN: dsn, Seed: 7, Duration: 15 * time.Second, Nodes: 3,
-				Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, LeaderShare: 0.75})
+				Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Lanes: 4, LeaderShare: 0.75})
 			for _, a := range res.Anomalies {
 				t.Errorf("%s: %s", a.Kind, a.Detail)
 			}
@@ -99,10 +99,11 @@ func TestExperimentPgx(t *testing.T) {
 	if dsn == "" {
 		t.Skip("needs PostgreSQL (CLUSTER_TEST_POSTGRES_DSN)")
 	}
-	// Seed 9: a reset, a session kill and a partition, then three resigns
-	// of the leader.
-	res := runExperiment(t, &experiment{Dialect: cluster.Postgres, Stack: stackPgx, DSN: dsn, Seed: 9, Duration: 20 * time.Second, Nodes: 3,
-		Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, LeaderShare: 0.75})
+	// Seed 50 of these kinds: a partition of the leader and a follower's
+	// sessions killed (its listener too), then three resigns of the leader.
+	res := runExperiment(t, &experiment{Dialect: cluster.Postgres, Stack: stackPgx, DSN: dsn, Seed: 50, Duration: 20 * time.Second, Nodes: 3,
+		Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Lanes: 4, LeaderShare: 0.75,
+		Kinds: []string{faultReset, faultDBKill, faultPartition, faultResign}})
 	for _, a := range res.Anomalies {
 		t.Errorf("%s: %s", a.Kind, a.Detail)
 	}
@@ -146,7 +147,7 @@ func TestMutants(t *testing.T) {
 					share = 0
 				}
 				res := runExperiment(t, &experiment{Dialect: d, DSN: dsn, Seed: 3, Duration: 15 * time.Second, Nodes: 3,
-					Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Mutant: m, Kinds: kinds, LeaderShare: share})
+					Timings: testTimings, Pause: 20 * time.Millisecond, StaleWrites: 2, Lanes: 4, Mutant: m, Kinds: kinds, LeaderShare: share})
 				caught := 0
 				for _, a := range res.Anomalies {
 					for _, k := range want[m] {

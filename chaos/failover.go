@@ -619,7 +619,7 @@ func checkFailover(res *failoverResult, before, after map[string][]record, promo
 	checkCommitOrder(fin, scratch)
 	checkChain(fin, mergeOps(opsOld, opsNew), scratch)
 	checkGrants(fin, grantsNew, scratch)
-	checkBeliefs(beliefsNew, scratch)
+	checkBeliefs(beliefsNew, nil, scratch)
 	res.Anomalies = append(res.Anomalies, scratch.Anomalies...)
 }
 

@@ -33,6 +33,7 @@ type experiment struct {
 	Timings     timings
 	Pause       time.Duration // between writes
 	StaleWrites int
+	Lanes       int // lane keys of the lanes workload (0: none)
 	Mutant      string
 	Kinds       []string // fault kinds; empty means all the dialect takes
 	LeaderShare float64  // probability a fault aims at the leader
@@ -46,8 +47,9 @@ type fault struct {
 	Kind   string
 	Node   string
 	Detail string
-	Start  int64 // experiment time
-	End    int64 // the heal; Start for instant faults
+	Start  int64  // experiment time
+	End    int64  // the heal; Start for instant faults
+	Token  uint64 `json:",omitempty"` // release: the term it ended
 }
 
 // proc is one node: its process (restarted under a new incarnation after a
@@ -241,7 +243,7 @@ func (h *harness) start(p *proc) error {
 		ID: p.id, Incarnation: p.inc, Dialect: h.tg.dialect, Driver: h.tg.driver, DSN: p.dsn, Prefix: h.tg.prefix,
 		History: base + ".jsonl", Witness: filepath.Join(h.e.Dir, p.id+".witness"), Origin: h.origin,
 		TTL: h.e.Timings.TTL, Heartbeat: h.e.Timings.Heartbeat, FenceTimeout: h.e.Timings.FenceTimeout,
-		Pause: h.e.Pause, StaleWrites: h.e.StaleWrites, WallOffset: p.offset, Mutant: h.e.Mutant, Stack: h.e.Stack,
+		Pause: h.e.Pause, StaleWrites: h.e.StaleWrites, WallOffset: p.offset, Mutant: h.e.Mutant, Stack: h.e.Stack, Lanes: h.e.Lanes,
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -365,7 +367,7 @@ func (h *harness) apply(ctx context.Context, s step) error {
 	f := fault{Kind: s.Kind, Node: p.id, Detail: s.String(), Start: h.clk.now()}
 	h.e.logf("  %6.1fs %s -> %s", float64(f.Start)/1e9, s, p.id)
 	switch s.Kind {
-	case faultKill:
+	case faultKill, faultRestart:
 		p.kill()
 		sleepCtx(ctx, s.Hold)
 		if err := h.start(p); err != nil {
@@ -414,6 +416,33 @@ func (h *harness) apply(ctx context.Context, s step) error {
 		} else {
 			f.Detail += fmt.Sprintf(" (%d sessions)", n)
 		}
+	case faultRelease:
+		// The term of the lease row, whoever holds it: the step aimed at
+		// the leader, and an operator ends the term clusterctl showed.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		l, err := h.lp.Leader(rctx, "leader")
+		switch {
+		case err != nil:
+			f.Detail += " (failed: " + err.Error() + ")"
+		case l == nil:
+			f.Detail += " (no term to end)"
+		default:
+			// The token is recorded even when the call failed: its
+			// statement may have committed.
+			ok, err := h.lp.ForceRelease(rctx, "leader", l.FencingToken)
+			f.Node, _, _ = strings.Cut(l.NodeID, "~")
+			f.Token = l.FencingToken
+			switch {
+			case err != nil:
+				f.Detail += fmt.Sprintf(" (token %d: %v)", l.FencingToken, err)
+			case ok:
+				f.Detail += fmt.Sprintf(" (token %d)", l.FencingToken)
+			default:
+				f.Detail += fmt.Sprintf(" (token %d: already over)", l.FencingToken)
+			}
+		}
+		cancel()
+		sleepCtx(ctx, s.Hold)
 	case faultResign:
 		if p.alive() && !p.stopped {
 			p.signal(syscall.SIGUSR1)
@@ -535,12 +564,28 @@ type finalState struct {
 	// ConfigVersion is the config version of lease name "leader" (0 when
 	// it has no row).
 	ConfigVersion int64
+	// Terms is the term log (see target.createTermLog), in counter order.
+	Terms []dbTerm
+	// LaneWrites are the lanes workload's rows, in counter order.
+	LaneWrites []dbWrite
+}
+
+// A dbTerm is one row of the term log: a change of the lease row (Lane
+// empty) or of a lane's row that granted a term or a claim, or ended one,
+// at its place in the counter's order.
+type dbTerm struct {
+	Seq              int64
+	Lane             string `json:",omitempty"`
+	Token            int64
+	Holder, Instance string
+	Ended            bool
 }
 
 type dbWrite struct {
 	Seq   int64
 	Token int64
 	Op    string
+	Lane  string `json:",omitempty"` // a lane write's key
 }
 
 type dbAudit struct {
@@ -584,6 +629,32 @@ func (h *harness) final(ctx context.Context) (*finalState, error) {
 		fs.Audit = append(fs.Audit, a)
 	}
 	rows.Close()
+	rows, err = h.db.QueryContext(ctx, "SELECT seq, lane, token, holder, instance, ended FROM "+h.tg.termsTable()+" ORDER BY seq")
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var t dbTerm
+		if err := rows.Scan(&t.Seq, &t.Lane, &t.Token, &t.Holder, &t.Instance, &t.Ended); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		fs.Terms = append(fs.Terms, t)
+	}
+	rows.Close()
+	rows, err = h.db.QueryContext(ctx, "SELECT seq, token, op, lane FROM "+p+"lanewrites ORDER BY seq")
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var w dbWrite
+		if err := rows.Scan(&w.Seq, &w.Token, &w.Op, &w.Lane); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		fs.LaneWrites = append(fs.LaneWrites, w)
+	}
+	rows.Close()
 	var t dbTip
 	err = h.db.QueryRowContext(ctx, bind(d, "SELECT at_counter, row_hash, fencing_token FROM "+p+"chain_tips WHERE scope = ?"), chainName).Scan(&t.Counter, &t.Hash, &t.Token)
 	switch {
@@ -592,13 +663,15 @@ func (h *harness) final(ctx context.Context) (*finalState, error) {
 	case !errors.Is(err, sql.ErrNoRows):
 		return nil, err
 	}
-	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT fencing_token FROM "+p+"lease WHERE name = ?"), "leader").Scan(&fs.LeaseToken); err != nil {
+	// No lease row, no mark: no term was ever granted (the checker says
+	// so: no progress).
+	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT fencing_token FROM "+p+"lease WHERE name = ?"), "leader").Scan(&fs.LeaseToken); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, err
 	}
 	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT config_version FROM "+p+"config WHERE scope = ?"), "leader").Scan(&fs.ConfigVersion); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, err
 	}
-	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT value FROM "+p+"high_water WHERE scope = ?"), "lease/leader").Scan(&fs.HighWater); err != nil {
+	if err := h.db.QueryRowContext(ctx, bind(d, "SELECT value FROM "+p+"high_water WHERE scope = ?"), "lease/leader").Scan(&fs.HighWater); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, err
 	}
 	return fs, nil

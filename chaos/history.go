@@ -20,6 +20,7 @@ type record struct {
 	To    int64  `json:"to,omitempty"`
 	Err   string `json:"err,omitempty"`
 	What  string `json:"what,omitempty"` // free text: event kind and reason, write style
+	Lane  string `json:"lane,omitempty"` // a lane write's key
 }
 
 // Record kinds.
@@ -39,6 +40,14 @@ const (
 // eventHearing is the What of the kEvent a process records the first time
 // its Stats show that it hears releases.
 const eventHearing = "hearing-releases"
+
+// eventGuardRefused begins the What of the kEvent a process records when
+// one of the library's own statements (Config.Observer's operations) was
+// refused by a guard trigger that only raw SQL or a bug should meet: a
+// token lowered or reused (SF006, SF009), a lease or lane row deleted, a
+// tip rewritten. A stale fence or tip (SF001, SF002) is an answer, not
+// this.
+const eventGuardRefused = "guard-refused"
 
 // A historyWriter appends records to a file, one write(2) per record and no
 // buffering, so a SIGKILL loses at most the record being written.

@@ -23,13 +23,35 @@ func TestLibraryMutantsApply(t *testing.T) {
 			t.Errorf("two mutants are named %s", m.Name)
 		}
 		seen[m.Name] = true
-		if m.Old == m.New || strings.Contains(m.Old, "\n") != strings.Contains(m.New, "\n") {
-			t.Errorf("mutant %s changes nothing, or more than its line", m.Name)
+		if oldLines, newLines := strings.Split(m.Old, "\n"), strings.Split(m.New, "\n"); len(oldLines) != len(newLines) {
+			t.Errorf("mutant %s adds or removes lines", m.Name)
+		} else if changed := countChanged(oldLines, newLines); changed != 1 {
+			t.Errorf("mutant %s changes %d lines, not one", m.Name, changed)
+		}
+		if (m.Test == "") != (m.Unreachable == "") {
+			t.Errorf("mutant %s: a unit test (%q) and why the experiment cannot reach it (%q) go together", m.Name, m.Test, m.Unreachable)
+		}
+		if m.Test != "" && m.Stack != "" {
+			t.Errorf("mutant %s names both an experiment (%s) and a unit test: the experiment does not run", m.Name, m.Stack)
+		}
+		if m.Test == "" && m.Stack == "" {
+			t.Errorf("mutant %s names neither the experiment that catches it nor a unit test", m.Name)
 		}
 		if err := plantCheck(m); err != nil {
 			t.Error(err)
 		}
 	}
+}
+
+// countChanged counts the lines that differ between a and b, of one length.
+func countChanged(a, b []string) int {
+	n := 0
+	for i := range a {
+		if a[i] != b[i] {
+			n++
+		}
+	}
+	return n
 }
 
 // plantCheck checks that m's line occurs once in its file.
@@ -66,15 +88,36 @@ func TestLibraryMutants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Three at a time: an experiment mostly waits (its nodes sleep between
+	// writes and heartbeats), and CI's two cores then stay busy.
+	sem := make(chan struct{}, 3)
 	for _, m := range libMutants {
 		t.Run(m.Name, func(t *testing.T) {
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			d, _, _ := strings.Cut(m.Stack, "+")
-			if _, ok := dsns[cluster.Dialect(d)]; !ok {
+			if m.Test != "" {
+				d = m.Needs
+			}
+			if _, ok := dsns[cluster.Dialect(d)]; !ok && d != "" {
 				t.Skipf("needs %s", d)
 			}
 			dir := t.TempDir()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			if m.Test != "" {
+				failed, out, err := testMutant(ctx, root, dir, m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !failed {
+					t.Errorf("mutant %s passed %s, the unit test that must catch it (%s)\n%s", m.Name, m.Test, m.Why, out)
+				} else {
+					t.Logf("mutant %s (%s): caught by %s", m.Name, m.Why, m.Test)
+				}
+				return
+			}
 			exe, err := buildMutant(ctx, root, dir, m)
 			if err != nil {
 				t.Fatal(err)

@@ -62,6 +62,7 @@ func harnessMain(args []string) int {
 	fenceTimeout := fs.Duration("fence-timeout", 1500*time.Millisecond, "Config.FenceTimeout")
 	pause := fs.Duration("pause", 20*time.Millisecond, "pause between a leader's writes")
 	stale := fs.Int("stale-writes", 2, "writes under the old token after each term ends, which the database must refuse")
+	lanes := fs.Int("lanes", 4, "lane keys of the lanes workload, which every node claims and writes under (0: no lanes workload)")
 	mutant := fs.String("mutant", "", "run a mutant the checker must catch: skip-fence, long-trust, steal, tip-guard")
 	faults := fs.String("faults", "", "comma-separated fault kinds (default: every kind the dialect takes; resign: drawn by default on postgres+pgx only)")
 	leaderShare := fs.Float64("leader-share", 0.75, "probability that a fault aims at the current leader")
@@ -141,7 +142,7 @@ func harnessMain(args []string) int {
 		}
 		e := &experiment{
 			Dialect: cluster.Dialect(dialect), Stack: stack, Seed: *seed, Duration: *duration, Nodes: *nodes,
-			Timings: tm, Pause: *pause, StaleWrites: *stale, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare, Cover: *cover,
+			Timings: tm, Pause: *pause, StaleWrites: *stale, Lanes: *lanes, Mutant: *mutant, Kinds: kinds, LeaderShare: *leaderShare, Cover: *cover,
 			Dir: filepath.Join(dir, d),
 		}
 		switch e.Dialect {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -52,17 +53,19 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 			"n1.1": {
 				{T: 1 * ms, Kind: kGrant, Token: 1, From: 0, To: 1 * ms},
 				{T: 2 * ms, Kind: kInvoke, Op: "n1.1#1", What: styleFenced},
-				{T: 3 * ms, Kind: kOK, Op: "n1.1#1", Token: 1, Seq: 1},
+				{T: 3 * ms, Kind: kOK, Op: "n1.1#1", Token: 1, Seq: 2},
 				{T: 100 * ms, Kind: kBelief, Token: 1, From: 1 * ms, To: 100 * ms},
 			},
 			"n2.1": {
 				{T: 800 * ms, Kind: kGrant, Token: 2, From: 700 * ms, To: 800 * ms},
 				{T: 810 * ms, Kind: kInvoke, Op: "n2.1#1", What: styleFenced},
-				{T: 820 * ms, Kind: kOK, Op: "n2.1#1", Token: 2, Seq: 2},
+				{T: 820 * ms, Kind: kOK, Op: "n2.1#1", Token: 2, Seq: 4},
 				{T: 900 * ms, Kind: kBelief, Token: 2, From: 800 * ms, To: 900 * ms},
 			},
 		}
-		fs := &finalState{Writes: []dbWrite{{1, 1, "n1.1#1"}, {2, 2, "n2.1#1"}}, LeaseToken: 2, HighWater: 2}
+		// The counter's order: n1's grant, its write, n2's grant, its write.
+		fs := &finalState{Writes: []dbWrite{{2, 1, "n1.1#1", ""}, {4, 2, "n2.1#1", ""}}, LeaseToken: 2, HighWater: 2,
+			Terms: []dbTerm{{Seq: 1, Token: 1, Holder: "n1", Instance: "i1"}, {Seq: 3, Token: 2, Holder: "n2", Instance: "i2"}}}
 		return hs, fs
 	}
 	run := func(hs map[string][]record, fs *finalState) *result {
@@ -81,16 +84,16 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 		}},
 		{aTokenRegression, func(hs map[string][]record, fs *finalState) {
 			hs["n1.1"] = append(hs["n1.1"], record{T: 830 * ms, Kind: kInvoke, Op: "n1.1#2", What: styleStaleTip, Token: 1},
-				record{T: 840 * ms, Kind: kOK, Op: "n1.1#2", Token: 1, Seq: 3})
-			fs.Writes = append(fs.Writes, dbWrite{3, 1, "n1.1#2"})
+				record{T: 840 * ms, Kind: kOK, Op: "n1.1#2", Token: 1, Seq: 5})
+			fs.Writes = append(fs.Writes, dbWrite{5, 1, "n1.1#2", ""})
 		}},
 		{aLostWrite, func(_ map[string][]record, fs *finalState) { fs.Writes = fs.Writes[:1] }},
 		{aRefusedPresent, func(hs map[string][]record, fs *finalState) {
 			hs["n1.1"] = append(hs["n1.1"], record{T: 830 * ms, Kind: kInvoke, Op: "n1.1#2", What: styleStaleTip, Token: 1},
 				record{T: 840 * ms, Kind: kFail, Op: "n1.1#2", Token: 1, What: "refused"})
-			fs.Writes = append(fs.Writes, dbWrite{3, 2, "n1.1#2"})
+			fs.Writes = append(fs.Writes, dbWrite{5, 2, "n1.1#2", ""})
 		}},
-		{aUnknownRow, func(_ map[string][]record, fs *finalState) { fs.Writes = append(fs.Writes, dbWrite{3, 2, "ghost"}) }},
+		{aUnknownRow, func(_ map[string][]record, fs *finalState) { fs.Writes = append(fs.Writes, dbWrite{5, 2, "ghost", ""}) }},
 		{aDuplicateGrant, func(hs map[string][]record, _ *finalState) {
 			hs["n2.1"] = append(hs["n2.1"], record{Kind: kGrant, Token: 1, From: 950 * ms, To: 960 * ms})
 		}},
@@ -99,11 +102,45 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 		{aMargin, func(hs map[string][]record, _ *finalState) {
 			hs["n1.1"] = append(hs["n1.1"], record{Kind: kBelief, Token: 1, From: 1 * ms, To: 350 * ms})
 		}},
+		// The database's order: n1's write numbered after n2's grant.
+		{aStaleCommit, func(_ map[string][]record, fs *finalState) {
+			fs.Writes[0].Seq, fs.Terms[1].Seq = 3, 2
+		}},
+		// n1's term released (an operator's release) before its write.
+		{aAfterRelease, func(_ map[string][]record, fs *finalState) {
+			fs.Writes = []dbWrite{{3, 1, "n1.1#1", ""}, {5, 2, "n2.1#1", ""}}
+			fs.Terms = []dbTerm{{Seq: 1, Token: 1, Holder: "n1", Instance: "i1"}, {Seq: 2, Token: 1, Holder: "n1", Instance: "i1", Ended: true}, {Seq: 4, Token: 2, Holder: "n2", Instance: "i2"}}
+		}},
+		{aEarlyCommit, func(_ map[string][]record, fs *finalState) { fs.Terms[0].Seq, fs.Writes[0].Seq = 2, 1 }},
+		// Lane a: claimed by n1 (token 1), then by n2 (token 2), and a
+		// write of n1 under token 1 numbered after n2's claim.
+		{aStaleCommit, func(hs map[string][]record, fs *finalState) {
+			hs["n1.1"] = append(hs["n1.1"], record{T: 850 * ms, Kind: kInvoke, Op: "n1.1#9", What: styleLane, Lane: "a", Token: 1},
+				record{T: 860 * ms, Kind: kOK, Op: "n1.1#9", Lane: "a", Token: 1, Seq: 7})
+			fs.Terms = append(fs.Terms, dbTerm{Seq: 5, Lane: "a", Token: 1, Holder: "n1", Instance: "i1"}, dbTerm{Seq: 6, Lane: "a", Token: 2, Holder: "n2", Instance: "i2"})
+			fs.LaneWrites = []dbWrite{{7, 1, "n1.1#9", "a"}}
+		}},
+		{aTokenReused, func(_ map[string][]record, fs *finalState) {
+			fs.Terms = append(fs.Terms, dbTerm{Seq: 5, Lane: "a", Token: 1, Holder: "n1", Instance: "i1"}, dbTerm{Seq: 6, Lane: "a", Token: 1, Holder: "n2", Instance: "i2"})
+		}},
+		{aTokenReused, func(_ map[string][]record, fs *finalState) {
+			fs.Terms = append(fs.Terms, dbTerm{Seq: 5, Token: 2, Holder: "n2", Instance: "i3"})
+		}},
+		{aTermOrder, func(_ map[string][]record, fs *finalState) {
+			fs.Terms = append(fs.Terms, dbTerm{Seq: 5, Token: 1, Holder: "n1", Instance: "i1"})
+		}},
+		{aSeqGap, func(_ map[string][]record, fs *finalState) { fs.Terms[1].Seq = 6 }},
+		{aFalseRollback, func(hs map[string][]record, _ *finalState) {
+			hs["n1.1"] = append(hs["n1.1"], record{T: 500 * ms, Kind: kEvent, What: "new-failed " + string(cluster.EventRollbackDetected), Err: "rollback"})
+		}},
+		{aGuardRefused, func(hs map[string][]record, _ *finalState) {
+			hs["n2.1"] = append(hs["n2.1"], record{T: 500 * ms, Kind: kEvent, What: eventGuardRefused + " " + string(cluster.OpClaimLane), Err: "SF009"})
+		}},
 		{aConfigRepeat, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 1, 2) }},
 		{aConfigLost, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 2, 1) }},
 		{aConfigPhantom, func(hs map[string][]record, fs *finalState) { bumps(hs, fs, 1, 2, 3) }},
 		{aChainBroken, func(_ map[string][]record, fs *finalState) {
-			fs.Audit = []dbAudit{{Counter: 1, Hash: []byte("not the hash"), Payload: "n1.1#1|1|1"}}
+			fs.Audit = []dbAudit{{Counter: 1, Hash: []byte("not the hash"), Payload: "n1.1#1|1|2"}}
 		}},
 	}
 	// On postgres+pgx a history in which no process heard releases is
@@ -124,6 +161,42 @@ func TestCheckFindsPlantedAnomalies(t *testing.T) {
 	bumps(hs, fs, 1, 2, 2)
 	if res := run(hs, fs); len(res.Anomalies) != 0 || res.Bumps != 2 || res.BumpsOK != 2 {
 		t.Errorf("clean bumps: %v, %d bumps (%d acknowledged)", res.Anomalies, res.Bumps, res.BumpsOK)
+	}
+	// The term log counts the lease's terms, and those won again by the
+	// node that held the one before (n2's release, then n2's next term).
+	hs, fs = base()
+	if res := run(hs, fs); res.Terms != 2 || res.Again != 0 {
+		t.Errorf("terms %d (again %d); want 2 (0)", res.Terms, res.Again)
+	}
+	fs.Terms = append(fs.Terms, dbTerm{Seq: 5, Token: 2, Holder: "n2", Instance: "i2", Ended: true},
+		dbTerm{Seq: 6, Token: 3, Holder: "n2", Instance: "i3"})
+	if res := run(hs, fs); res.Terms != 3 || res.Again != 1 {
+		t.Errorf("after n2 won again: terms %d (again %d); want 3 (1)", res.Terms, res.Again)
+	}
+	// An operator released n1's term (token 1) at 100–200 ms: n1 may
+	// believe on until its trust ends, FenceTimeout after the release at
+	// most, while n2 leads; not past that, and not when the term log
+	// shows no release.
+	forced := func(beliefTo int64, logged bool) *result {
+		hs, fs := base()
+		hs["n1.1"] = append(hs["n1.1"], record{Kind: kBelief, Token: 1, From: 1 * ms, To: beliefTo})
+		if logged {
+			// The release took the counter's number 3; n2's grant and write follow.
+			fs.Terms = []dbTerm{fs.Terms[0], {Seq: 3, Token: 1, Holder: "n1", Instance: "i1", Ended: true}, {Seq: 4, Token: 2, Holder: "n2", Instance: "i2"}}
+			fs.Writes[1].Seq = 5
+			hs["n2.1"][2].Seq = 5
+		}
+		return check(checkInput{timings: testTimings, histories: hs, final: fs, end: 1000 * ms,
+			faults: []fault{{Kind: faultRelease, Node: "n1", Start: 100 * ms, End: 200 * ms, Token: 1}}})
+	}
+	if res := forced(850*ms, true); len(res.Anomalies) != 0 {
+		t.Errorf("a released holder believing within FenceTimeout of the release: %v; want none", res.Anomalies)
+	}
+	if res := forced(850*ms, false); !hasKind(res, aOverlap) {
+		t.Errorf("an overlap after a release the term log does not show: %v; want %s", res.Anomalies, aOverlap)
+	}
+	if res := forced(1800*ms, true); !hasKind(res, aOverlap) {
+		t.Errorf("a released holder believing past FenceTimeout after the release: %v; want %s", res.Anomalies, aOverlap)
 	}
 	// A clean history measures its margin: 700 ms, over one expired term.
 	hs, fs = base()
@@ -161,4 +234,37 @@ func bumps(hs map[string][]record, fs *finalState, v1, v2, final int64) {
 	hs["n2.1"] = append(hs["n2.1"], record{T: 30 * ms, Kind: kBump, What: "call"},
 		record{T: 40 * ms, Kind: kBump, What: "ok", From: 30 * ms, To: 40 * ms, Seq: v2})
 	fs.ConfigVersion = final
+}
+
+// TestGuardRefused checks which errors of the library's statements the
+// harness reports as guard-refused: the guards that only bugs and raw SQL
+// meet, not the answers a stale writer gets.
+func TestGuardRefused(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{fmt.Errorf("claim lane: %w", cluster.ErrTokenLowered), true},
+		{fmt.Errorf("acquire: %w", cluster.ErrLeaseDeleted), true},
+		{cluster.ErrLaneDeleted, true},
+		{cluster.ErrTipRewritten, true},
+		{fmt.Errorf("fence: %w", cluster.ErrStaleFencingToken), false},
+		{cluster.ErrTipBackwards, false},
+		{cluster.ErrLaneHeld, false},
+		{cluster.ErrRollbackDetected, false},
+	} {
+		if got := guardRefused(c.err); got != c.want {
+			t.Errorf("guardRefused(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+func hasKind(res *result, kind string) bool {
+	for _, a := range res.Anomalies {
+		if a.Kind == kind {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 // Fault kinds.
 const (
 	faultKill      = "kill"      // SIGKILL, then a restart after the hold
+	faultRestart   = "restart"   // SIGKILL and a restart within a fifth of the TTL: the new process meets its predecessor's unexpired term
 	faultPause     = "pause"     // SIGSTOP for longer than the TTL, then SIGCONT
 	faultPartition = "partition" // the node's proxy blackholes one or both directions
 	faultLatency   = "latency"   // the node's proxy delays every chunk, near the renew deadline
@@ -20,10 +21,11 @@ const (
 	faultClock     = "clock"     // a clean restart with the node's wall clock set off
 	faultResign    = "resign"    // the node resigns (SIGUSR1 makes it call Resign)
 	faultSlowCut   = "slow-cut"  // latency near the renew deadline, then a partition both ways while it lasts
+	faultRelease   = "release"   // an operator ends the leader's term (DBProvider.ForceRelease, as clusterctl release -force): its writes in flight must commit before the release or not at all
 )
 
 // allFaults lists every kind, in the order reports show them.
-var allFaults = []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign, faultSlowCut}
+var allFaults = []string{faultKill, faultRestart, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign, faultSlowCut, faultRelease}
 
 // faultKinds lists the kinds drawn by default on a dialect and stack:
 // SQLite nodes share a file, so they have no proxy and no server
@@ -33,16 +35,16 @@ var allFaults = []string{faultKill, faultPause, faultPartition, faultLatency, fa
 func faultKinds(d cluster.Dialect, stack string) []string {
 	switch {
 	case d == cluster.SQLite:
-		return []string{faultKill, faultPause, faultClock}
+		return []string{faultKill, faultRestart, faultPause, faultClock, faultRelease}
 	case stack == stackPgx:
-		return []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign}
+		return []string{faultKill, faultRestart, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultResign, faultRelease, faultSlowCut}
 	}
-	return []string{faultKill, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock}
+	return []string{faultKill, faultRestart, faultPause, faultPartition, faultLatency, faultReset, faultDBKill, faultClock, faultRelease, faultSlowCut}
 }
 
 // weight is how often a kind is drawn relative to the others.
 var weight = map[string]int{
-	faultKill: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1, faultResign: 2, faultSlowCut: 2,
+	faultKill: 2, faultRestart: 2, faultPause: 2, faultPartition: 3, faultLatency: 2, faultReset: 1, faultDBKill: 1, faultClock: 1, faultResign: 2, faultSlowCut: 2, faultRelease: 2,
 }
 
 // A step is one fault of the schedule. Everything in it is drawn from the
@@ -82,7 +84,7 @@ func (s step) String() string {
 			s.Cut.Round(time.Millisecond), s.Hold.Round(time.Millisecond))
 	case faultClock:
 		return fmt.Sprintf("%s %s offset %v", s.Kind, aim, s.Offset)
-	case faultReset, faultDBKill:
+	case faultReset, faultDBKill, faultRelease:
 		return fmt.Sprintf("%s %s", s.Kind, aim)
 	}
 	return fmt.Sprintf("%s %s for %v", s.Kind, aim, s.Hold.Round(time.Millisecond))
@@ -95,11 +97,13 @@ type timings struct {
 
 // schedule draws faults from rng until they fill d. kinds are the kinds
 // allowed; leaderShare is the probability that a fault aims at the leader.
-// With cover, the schedule draws as many different kinds as it has steps,
-// up to all of them: a kind missing from the draw replaces a step of the
-// most frequent kind while one is drawn twice (a short run would otherwise
-// draw no pause, or no latency, for a dialect). Without it, a seed's
-// schedule is what it always was.
+// With cover, the schedule draws every kind: a kind missing from the draw
+// replaces a step of the most frequent kind while one is drawn twice, and
+// is added as a step of its own after that (a short run would otherwise
+// draw no pause, or no latency, for a dialect). Without it, the draw is
+// the plain one of the seed and the kinds (the default kinds grew restart,
+// release and slow-cut, so seeds drawn before them now give other
+// schedules).
 func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Duration, leaderShare float64, cover bool) []step {
 	total := 0
 	for _, k := range kinds {
@@ -138,7 +142,12 @@ func schedule(rng *rand.Rand, kinds []string, nodes int, tm timings, d time.Dura
 				}
 			}
 			if n[out[most].Kind] < 2 {
-				break // every step has a kind of its own
+				// Every step has a kind of its own: one more step, so
+				// the schedule runs a little past d.
+				s := step{Rest: between(rng, 1, 2, tm.TTL), Kind: k, Leader: rng.Float64() < leaderShare, Fallback: rng.IntN(nodes)}
+				drawParams(rng, &s, tm)
+				out = append(out, s)
+				continue
 			}
 			out[most].Kind = k
 			out[most].Hold, out[most].Up, out[most].Down, out[most].Delay, out[most].Jitter, out[most].Offset, out[most].Cut = 0, false, false, 0, 0, 0, 0
@@ -158,6 +167,8 @@ func drawParams(rng *rand.Rand, s *step, tm timings) {
 	switch s.Kind {
 	case faultKill:
 		s.Hold = between(rng, 0.3, 2, tm.TTL)
+	case faultRestart:
+		s.Hold = between(rng, 0, 0.2, tm.TTL)
 	case faultPause:
 		s.Hold = between(rng, 1.2, 2.5, tm.TTL)
 	case faultPartition:
@@ -189,6 +200,9 @@ func drawParams(rng *rand.Rand, s *step, tm timings) {
 		s.Jitter = s.Delay / 8
 		s.Cut = between(rng, 1, 2, tm.Heartbeat) + 2*s.Delay
 		s.Hold = s.Cut + between(rng, 1.2, 2, tm.TTL)
+	case faultRelease:
+		// A heartbeat: time for the leader to see its renew fail.
+		s.Hold = tm.Heartbeat
 	case faultResign:
 		// Long enough for the handoff to finish within the fault, so
 		// the report's failover times include it.
@@ -207,9 +221,6 @@ func allowed(d cluster.Dialect, stack string, kinds []string) error {
 	avail := faultKinds(d, stack)
 	if !slices.Contains(avail, faultResign) {
 		avail = append(avail, faultResign)
-	}
-	if d != cluster.SQLite {
-		avail = append(avail, faultSlowCut) // asked for with -faults; not drawn by default, which would change the schedules of known seeds
 	}
 	for _, k := range kinds {
 		if !slices.Contains(avail, k) {

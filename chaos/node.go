@@ -45,6 +45,7 @@ type nodeConfig struct {
 	WallOffset   time.Duration // how far this node's wall clock is set off
 	Mutant       string
 	Stack        string // how the node reaches its database: stackSQL, stackPgx or stackOpen
+	Lanes        int    // lane keys of the lanes workload (0: none)
 }
 
 // Stacks: how a node reaches its database.
@@ -76,8 +77,10 @@ const (
 // Write styles.
 const (
 	styleFenced   = "fenced"    // Fence, then the rows, then AdvanceTip: what the library asks of users
+	stylePlain    = "plain"     // Fence, then the row: no chain, so only the fence orders it
 	styleStaleTip = "stale-tip" // no Fence; the rows and a raw tip write under the old token
 	styleUnfenced = "unfenced"  // no Fence, no tip: only the row (the skip-fence mutant)
+	styleLane     = "lane"      // ClaimLane, then the lane's row under the lane's token
 )
 
 const chainName = "audit"
@@ -194,6 +197,9 @@ func nodeMain(raw string) int {
 	}
 	wg.Go(func() { n.resigner(ctx, resign) })
 	wg.Go(func() { n.bumps(ctx) })
+	if cfg.Lanes > 0 {
+		wg.Go(func() { n.lanes(ctx) })
+	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -272,6 +278,9 @@ func (n *node) resigner(ctx context.Context, sig <-chan os.Signal) {
 // observe is the Observer: it runs on the heartbeat goroutine and only
 // notes times.
 func (n *node) observe(op cluster.Operation) {
+	if guardRefused(op.Err) {
+		n.h.add(record{T: n.clk.now(), Kind: kEvent, What: eventGuardRefused + " " + string(op.Kind), Err: op.Err.Error()})
+	}
 	if op.Outcome != cluster.OutcomeOK || (op.Kind != cluster.OpAcquire && op.Kind != cluster.OpRenew) {
 		return
 	}
@@ -282,6 +291,18 @@ func (n *node) observe(op cluster.Operation) {
 	}
 	n.lastOK = max(n.lastOK, start)
 	n.mu.Unlock()
+}
+
+// guardRefused says whether err is a guard trigger's refusal that no
+// statement of a correct library meets (see eventGuardRefused).
+func guardRefused(err error) bool {
+	for _, g := range []error{cluster.ErrTokenLowered, cluster.ErrLeaseDeleted, cluster.ErrLaneDeleted,
+		cluster.ErrTipRewritten, cluster.ErrTipDeleted} {
+		if errors.Is(err, g) {
+			return true
+		}
+	}
+	return false
 }
 
 // transition records the library's events. A lease-acquired event is a
@@ -386,12 +407,15 @@ func (n *node) sample(ctx context.Context) {
 // configured) a few writes under the term's token after it ended, which
 // the database must refuse.
 func (n *node) term(ctx context.Context, token uint64) error {
-	style := styleFenced
+	// Fenced writes alternate with and without the audit chain: the
+	// tip's guard re-checks the token and locks the lease row, which
+	// would hide a broken fence if every write advanced a tip.
+	styles := []string{styleFenced, stylePlain}
 	if n.cfg.Mutant == mutantSkipFence {
-		style = styleUnfenced
+		styles = []string{styleUnfenced}
 	}
-	for ctx.Err() == nil {
-		n.write(ctx, style, token)
+	for i := 0; ctx.Err() == nil; i++ {
+		n.write(ctx, styles[i%len(styles)], token)
 		select {
 		case <-ctx.Done():
 		case <-time.After(n.cfg.Pause):
@@ -432,7 +456,7 @@ func (n *node) write(ctx context.Context, style string, token uint64) {
 	id := fmt.Sprintf("%s.%d#%d", n.cfg.ID, n.cfg.Incarnation, n.ops)
 	n.opMu.Unlock()
 	inv := record{T: n.clk.now(), Kind: kInvoke, Op: id, What: style}
-	if style != styleFenced {
+	if !fenced(style) {
 		inv.Token = token
 	}
 	n.h.add(inv)
@@ -445,7 +469,8 @@ func (n *node) write(ctx context.Context, style string, token uint64) {
 
 // txn is one write: the locked counter row gives it its commit-order
 // number and the audit chain's next counter and previous hash; it inserts
-// the write-log row and the audit row, and advances the chain's tip.
+// the write-log row and, unless the style is plain or unfenced, the audit
+// row, and advances the chain's tip.
 func (n *node) txn(ctx context.Context, style string, token uint64, id string) record {
 	d, p := n.cfg.Dialect, n.cfg.Prefix
 	fail := func(stage string, err error) record {
@@ -457,7 +482,7 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	}
 	var tx *sql.Tx
 	var err error
-	if style == styleFenced && (n.cfg.Stack == stackPgx || n.cfg.Stack == stackOpen) {
+	if fenced(style) && (n.cfg.Stack == stackPgx || n.cfg.Stack == stackOpen) {
 		// On a pool of clusterpgx.OpenDB the BEGIN and the fence in one
 		// round trip; on one of OpenMySQL no START TRANSACTION (the
 		// fence's read opens the transaction).
@@ -468,7 +493,7 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 		if tx, err = n.db.BeginTx(ctx, nil); err != nil {
 			return fail("begin", err)
 		}
-		if style == styleFenced {
+		if fenced(style) {
 			if token, err = n.c.Fence(ctx, tx); err != nil {
 				tx.Rollback()
 				return fail("fence", err)
@@ -476,9 +501,27 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 		}
 	}
 	defer tx.Rollback()
+	if style == stylePlain {
+		// The transaction's own work, between its fence and its writes
+		// (reads, computation): a release or a grant that the fence does
+		// not hold off commits in this window, before the write.
+		select {
+		case <-ctx.Done():
+			return fail("work", ctx.Err())
+		case <-time.After(2 * n.cfg.Pause):
+		}
+	}
 	lock := " FOR UPDATE"
 	if d == cluster.SQLite {
 		lock = "" // the transaction holds the write lock from BEGIN
+	}
+	if style == styleStaleTip && d != cluster.SQLite {
+		// Lock the lease row as the tip's guard will, before the counter:
+		// a grant locks the lease row, then the counter (the term log's
+		// trigger), and the other order could deadlock with it.
+		if _, err := tx.ExecContext(ctx, bind(d, "SELECT fencing_token FROM "+p+"lease WHERE name = ?"+lockShare(d)), "leader"); err != nil {
+			return fail("lock lease", err)
+		}
 	}
 	var seq, counter int64
 	var prev []byte
@@ -488,7 +531,8 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	seq++
 	payload := fmt.Sprintf("%s|%d|%d", id, token, seq)
 	hash := append([]byte{}, prev...) // never nil: the column is NOT NULL
-	if style != styleUnfenced {
+	chained := style == styleFenced || style == styleStaleTip
+	if chained {
 		counter++
 		sum := sha256.Sum256(append(append([]byte{}, prev...), payload...))
 		hash = sum[:]
@@ -499,7 +543,7 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+p+"writes (seq, token, op) VALUES (?, ?, ?)"), seq, int64(token), id); err != nil {
 		return fail("insert write", err)
 	}
-	if style != styleUnfenced {
+	if chained {
 		if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+p+"audit (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), counter, hash, payload); err != nil {
 			return fail("insert audit", err)
 		}
@@ -592,4 +636,86 @@ func (n *node) bumps(ctx context.Context) {
 		}
 		n.h.add(r)
 	}
+}
+
+// fenced reports whether writes of style call Fence.
+func fenced(style string) bool { return style == styleFenced || style == stylePlain }
+
+// lockShare is the dialect's clause that locks a row for share.
+func lockShare(d cluster.Dialect) string {
+	if d == cluster.MySQL {
+		return " LOCK IN SHARE MODE"
+	}
+	return " FOR SHARE"
+}
+
+// laneKey is the key of lane i of the lanes workload.
+func laneKey(i int) string { return fmt.Sprintf("lane%d", i) }
+
+// lanes is the lanes workload: leader or not, the node goes round the
+// lane keys, starting from a key of its own, and in each pause tries one
+// lane write: a transaction that claims the lane (ClaimLane, the lane's
+// fence) and writes the lane's row under the lane's token. A lane another
+// node holds, or one above this node's share, is skipped, as a worker
+// would.
+func (n *node) lanes(ctx context.Context) {
+	var idx int
+	fmt.Sscanf(n.cfg.ID, "n%d", &idx)
+	for i := idx; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * n.cfg.Pause):
+		}
+		n.laneWrite(ctx, laneKey(i%n.cfg.Lanes))
+	}
+}
+
+// laneWrite runs one lane transaction. It is recorded only once the claim
+// succeeded (a refused claim writes nothing): its invocation with the
+// lane's token, then its outcome.
+func (n *node) laneWrite(ctx context.Context, key string) {
+	d, p := n.cfg.Dialect, n.cfg.Prefix
+	tctx, cancel := context.WithTimeout(ctx, n.cfg.TTL)
+	defer cancel()
+	tx, err := n.db.BeginTx(tctx, nil)
+	if err != nil {
+		return
+	}
+	defer tx.Rollback()
+	tok, err := n.c.ClaimLane(tctx, tx, key)
+	if err != nil {
+		return // held, over the share, or failed: nothing was written
+	}
+	n.opMu.Lock()
+	n.ops++
+	id := fmt.Sprintf("%s.%d#%d", n.cfg.ID, n.cfg.Incarnation, n.ops)
+	n.opMu.Unlock()
+	n.h.add(record{T: n.clk.now(), Kind: kInvoke, Op: id, What: styleLane, Lane: key, Token: tok})
+	r := func() record {
+		fail := func(stage string, err error) record {
+			return record{Kind: kFail, Token: tok, Err: stage + ": " + err.Error(), What: "error"}
+		}
+		lock := " FOR UPDATE"
+		if d == cluster.SQLite {
+			lock = ""
+		}
+		var seq int64
+		if err := tx.QueryRowContext(tctx, "SELECT n FROM "+p+"seq WHERE id = 1"+lock).Scan(&seq); err != nil {
+			return fail("lock counter", err)
+		}
+		seq++
+		if _, err := tx.ExecContext(tctx, bind(d, "UPDATE "+p+"seq SET n = ? WHERE id = 1"), seq); err != nil {
+			return fail("update counter", err)
+		}
+		if _, err := tx.ExecContext(tctx, bind(d, "INSERT INTO "+p+"lanewrites (seq, lane, token, op) VALUES (?, ?, ?, ?)"), seq, key, int64(tok), id); err != nil {
+			return fail("insert lane write", err)
+		}
+		if err := tx.Commit(); err != nil {
+			return record{Kind: kInfo, Token: tok, Seq: seq, Err: "commit: " + err.Error()}
+		}
+		return record{Kind: kOK, Token: tok, Seq: seq}
+	}()
+	r.T, r.Op, r.Lane = n.clk.now(), id, key
+	n.h.add(r)
 }

@@ -14,7 +14,8 @@ import (
 func report(w io.Writer, r *result) {
 	fmt.Fprintf(w, "operations  %d writes: %s; %d stale writes (%d committed while their token was still current); %d grants; %d belief intervals\n",
 		r.Writes, counts(r.Outcomes, "ok", "refused", "error", "info-committed", "info-absent"), r.StaleWrites, r.StaleOK, r.Grants, r.Beliefs)
-	fmt.Fprintf(w, "database    %d rows in commit order, %d in the audit chain\n", r.Rows, r.ChainRows)
+	fmt.Fprintf(w, "workloads   %s\n", workloadLine(r))
+	fmt.Fprintf(w, "database    %d rows in commit order, %d in the audit chain, %d lane rows; %d changes in the term log (%d ended a term or claim early; %d terms of the lease, %d won by the node that held the one before)\n", r.Rows, r.ChainRows, r.LaneRows, r.TermChanges, r.TermsEnded, r.Terms, r.Again)
 	fmt.Fprintf(w, "faults      %d: %s\n", len(r.FaultList), counts(r.Faults, allFaults...))
 	fmt.Fprintf(w, "recovery    %s (bound LeaseTTL + 2 heartbeats = %v; %d heals, the others had a leader already)\n",
 		recoveryLine(r.Recovery), r.Timings.TTL+2*r.Timings.Heartbeat, r.Heals)
@@ -95,7 +96,10 @@ func markdown(w io.Writer, command string, rs []*result) {
 		row("", "stale writes (under an ended term's token, without Fence)", fmt.Sprintf("%d (%d committed while their token was still current)", r.StaleWrites, r.StaleOK))
 		row("", "grants observed", r.Grants)
 		row("", "belief intervals", r.Beliefs)
-		row("", "rows in commit order / in the audit chain", fmt.Sprintf("%d / %d", r.Rows, r.ChainRows))
+		row("", "workloads: invoked (acknowledged)", workloadLine(r))
+		row("", "rows in commit order / in the audit chain / lane rows", fmt.Sprintf("%d / %d / %d", r.Rows, r.ChainRows, r.LaneRows))
+		row("", "term log: changes (early ends)", fmt.Sprintf("%d (%d)", r.TermChanges, r.TermsEnded))
+		row("", "terms of the lease (won by the previous term's node)", fmt.Sprintf("%d (%d)", r.Terms, r.Again))
 		first := "faults"
 		for _, k := range allFaults {
 			if r.Faults[k] > 0 {
@@ -191,4 +195,19 @@ func marginLine(r *result) string {
 	}
 	return fmt.Sprintf("smallest %v from a belief's end to the next term's grant, over %d expired terms (promised at least %v)",
 		r.MinMargin.Round(time.Millisecond), r.Margins, r.Margin)
+}
+
+// workloadLine is the operations of each workload, invoked and
+// acknowledged: fenced writes with the chain, plain fenced writes, lane
+// writes, stale writes, and config-version bumps.
+func workloadLine(r *result) string {
+	names := map[string]string{styleFenced: "fenced+chain", stylePlain: "fenced", styleLane: "lane", styleStaleTip: "stale-tip", styleUnfenced: "unfenced"}
+	var parts []string
+	for _, s := range []string{styleFenced, stylePlain, styleLane, styleStaleTip, styleUnfenced} {
+		if r.Styles[s] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d (%d)", names[s], r.Styles[s], r.StylesOK[s]))
+		}
+	}
+	parts = append(parts, fmt.Sprintf("config bumps %d (%d)", r.Bumps, r.BumpsOK))
+	return strings.Join(parts, ", ")
 }

@@ -177,13 +177,80 @@ func (tg target) createWorkload(ctx context.Context, db *sql.DB) error {
 		"CREATE TABLE " + tg.seqTable() + " (id INTEGER PRIMARY KEY, n BIGINT NOT NULL, a BIGINT NOT NULL, h " + bytes + " NOT NULL)" + engine,
 		"CREATE TABLE " + tg.writesTable() + " (seq " + integer + " PRIMARY KEY, token BIGINT NOT NULL, op VARCHAR(64) NOT NULL UNIQUE)" + engine,
 		"CREATE TABLE " + tg.auditTable() + " (monotonic_counter " + integer + " PRIMARY KEY, row_hash " + bytes + " NOT NULL, payload VARCHAR(200) NOT NULL)" + engine,
+		"CREATE TABLE " + tg.prefix + "lanewrites (seq " + integer + " PRIMARY KEY, lane VARCHAR(64) NOT NULL, token BIGINT NOT NULL, op VARCHAR(64) NOT NULL UNIQUE)" + engine,
 	} {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("%s: %w", q, err)
 		}
 	}
-	_, err := db.ExecContext(ctx, bind(tg.dialect, "INSERT INTO "+tg.seqTable()+" (id, n, a, h) VALUES (1, 0, 0, ?)"), []byte{})
-	return err
+	if _, err := db.ExecContext(ctx, bind(tg.dialect, "INSERT INTO "+tg.seqTable()+" (id, n, a, h) VALUES (1, 0, 0, ?)"), []byte{}); err != nil {
+		return err
+	}
+	return tg.createTermLog(ctx, db)
+}
+
+// termsTable is the term log: one row per change of the lease row that
+// begins or ends a term, numbered from the workload's counter.
+func (tg target) termsTable() string { return tg.prefix + "terms" }
+
+// createTermLog creates the term log and the triggers that fill it: each
+// change of lease "leader", or of a lane of its scope, that grants a term
+// or a claim (the token, the holder or the instance changes, or the row is
+// created) or ends one early (a release: expires_at falls to renewed_at)
+// takes the next number of the counter row the writes lock, in the same
+// statement. Writes and term
+// changes then share one order, decided by the database's locks at
+// commit, not by client clocks: a write numbered after the grant of a
+// higher token, or after its own term's release, committed when it must
+// not have. Renewals change none of these columns and lock nothing more.
+func (tg target) createTermLog(ctx context.Context, db *sql.DB) error {
+	p, t, seq := tg.prefix, tg.termsTable(), tg.seqTable()
+	boolean := "BOOLEAN"
+	if tg.dialect == cluster.SQLite {
+		boolean = "INTEGER"
+	}
+	qs := []string{"CREATE TABLE " + t + " (seq BIGINT PRIMARY KEY, lane VARCHAR(128) NOT NULL, token BIGINT NOT NULL, holder VARCHAR(255) NOT NULL, instance VARCHAR(64) NOT NULL, ended " + boolean + " NOT NULL)"}
+	changed := "NEW.fencing_token <> OLD.fencing_token OR NEW.holder <> OLD.holder OR NEW.instance <> OLD.instance OR (NEW.expires_at <= NEW.renewed_at AND OLD.expires_at > OLD.renewed_at)"
+	// Per table: its name, the condition that selects this run's rows, and
+	// the lane column's value.
+	tables := []struct{ name, mine, lane string }{
+		{"lease", "NEW.name = 'leader'", "''"},
+		{"lanes", "NEW.scope = 'leader'", "NEW.lane"},
+	}
+	for _, tb := range tables {
+		ins := "INSERT INTO " + t + " (seq, lane, token, holder, instance, ended) "
+		vals := tb.lane + ", NEW.fencing_token, NEW.holder, NEW.instance, NEW.expires_at <= NEW.renewed_at"
+		trig := p + "log_" + tb.name
+		switch tg.dialect {
+		case cluster.Postgres:
+			qs = append(qs, `CREATE FUNCTION `+trig+`() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE s bigint;
+BEGIN
+    IF `+tb.mine+` AND (TG_OP = 'INSERT' OR `+changed+`) THEN
+        UPDATE `+seq+` SET n = n + 1 WHERE id = 1 RETURNING n INTO s;
+        `+ins+`VALUES (s, `+vals+`);
+    END IF;
+    RETURN NULL;
+END $$`,
+				"CREATE TRIGGER "+trig+" AFTER INSERT OR UPDATE ON "+p+tb.name+" FOR EACH ROW EXECUTE FUNCTION "+trig+"()")
+		case cluster.MySQL:
+			body := func(cond string) string {
+				return " FOR EACH ROW BEGIN IF " + tb.mine + cond + " THEN UPDATE " + seq + " SET n = n + 1 WHERE id = 1; " + ins + "SELECT n, " + vals + " FROM " + seq + " WHERE id = 1; END IF; END"
+			}
+			qs = append(qs, "CREATE TRIGGER "+trig+"_insert AFTER INSERT ON "+p+tb.name+body(""),
+				"CREATE TRIGGER "+trig+"_update AFTER UPDATE ON "+p+tb.name+body(" AND ("+changed+")"))
+		case cluster.SQLite:
+			body := " BEGIN UPDATE " + seq + " SET n = n + 1 WHERE id = 1; " + ins + "SELECT n, " + vals + " FROM " + seq + " WHERE id = 1; END"
+			qs = append(qs, "CREATE TRIGGER "+trig+"_insert AFTER INSERT ON "+p+tb.name+" FOR EACH ROW WHEN "+tb.mine+body,
+				"CREATE TRIGGER "+trig+"_update AFTER UPDATE ON "+p+tb.name+" FOR EACH ROW WHEN "+tb.mine+" AND ("+changed+")"+body)
+		}
+	}
+	for _, q := range qs {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
 }
 
 // dropTipGuard drops the triggers that guard chain tips (the tip-guard
