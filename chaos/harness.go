@@ -600,61 +600,49 @@ type dbTip struct {
 	Token   int64
 }
 
+// queryAll runs q and scans every row into a T; an error of the
+// iteration (a connection lost mid-read) is an error, not a short list.
+func queryAll[T any](ctx context.Context, db *sql.DB, q string, scan func(*sql.Rows, *T) error) ([]T, error) {
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := scan(rows, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
 func (h *harness) final(ctx context.Context) (*finalState, error) {
 	d, p := h.tg.dialect, h.tg.prefix
 	fs := &finalState{}
-	rows, err := h.db.QueryContext(ctx, "SELECT seq, token, op FROM "+p+"writes ORDER BY seq")
-	if err != nil {
+	var err error
+	if fs.Writes, err = queryAll(ctx, h.db, "SELECT seq, token, op FROM "+p+"writes ORDER BY seq", func(r *sql.Rows, w *dbWrite) error {
+		return r.Scan(&w.Seq, &w.Token, &w.Op)
+	}); err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var w dbWrite
-		if err := rows.Scan(&w.Seq, &w.Token, &w.Op); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		fs.Writes = append(fs.Writes, w)
-	}
-	rows.Close()
-	rows, err = h.db.QueryContext(ctx, "SELECT monotonic_counter, row_hash, payload FROM "+p+"audit ORDER BY monotonic_counter")
-	if err != nil {
+	if fs.Audit, err = queryAll(ctx, h.db, "SELECT monotonic_counter, row_hash, payload FROM "+p+"audit ORDER BY monotonic_counter", func(r *sql.Rows, a *dbAudit) error {
+		return r.Scan(&a.Counter, &a.Hash, &a.Payload)
+	}); err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var a dbAudit
-		if err := rows.Scan(&a.Counter, &a.Hash, &a.Payload); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		fs.Audit = append(fs.Audit, a)
-	}
-	rows.Close()
-	rows, err = h.db.QueryContext(ctx, "SELECT seq, lane, token, holder, instance, ended FROM "+h.tg.termsTable()+" ORDER BY seq")
-	if err != nil {
+	if fs.Terms, err = queryAll(ctx, h.db, "SELECT seq, lane, token, holder, instance, ended FROM "+h.tg.termsTable()+" ORDER BY seq", func(r *sql.Rows, t *dbTerm) error {
+		return r.Scan(&t.Seq, &t.Lane, &t.Token, &t.Holder, &t.Instance, &t.Ended)
+	}); err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var t dbTerm
-		if err := rows.Scan(&t.Seq, &t.Lane, &t.Token, &t.Holder, &t.Instance, &t.Ended); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		fs.Terms = append(fs.Terms, t)
-	}
-	rows.Close()
-	rows, err = h.db.QueryContext(ctx, "SELECT seq, token, op, lane FROM "+p+"lanewrites ORDER BY seq")
-	if err != nil {
+	if fs.LaneWrites, err = queryAll(ctx, h.db, "SELECT seq, token, op, lane FROM "+p+"lanewrites ORDER BY seq", func(r *sql.Rows, w *dbWrite) error {
+		return r.Scan(&w.Seq, &w.Token, &w.Op, &w.Lane)
+	}); err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var w dbWrite
-		if err := rows.Scan(&w.Seq, &w.Token, &w.Op, &w.Lane); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		fs.LaneWrites = append(fs.LaneWrites, w)
-	}
-	rows.Close()
 	var t dbTip
 	err = h.db.QueryRowContext(ctx, bind(d, "SELECT at_counter, row_hash, fencing_token FROM "+p+"chain_tips WHERE scope = ?"), chainName).Scan(&t.Counter, &t.Hash, &t.Token)
 	switch {
