@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha3"
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
@@ -10,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cloudflare/circl/kem"
-	"golang.org/x/crypto/sha3"
 )
 
 // VaultKeyFingerprintLen is the length, in hex characters, of a fingerprint

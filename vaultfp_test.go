@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"crypto/sha3"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/cloudflare/circl/kem"
 	"github.com/cloudflare/circl/kem/schemes"
-	"golang.org/x/crypto/sha3"
 
 	"github.com/sqlfence/cluster"
 )
