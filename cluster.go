@@ -67,32 +67,27 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members   MemberStore    // nil when the provider keeps no membership
-	wake      chan struct{}  // a release was heard: try now
-	fenceStmt *preparedFence // Fence's read, prepared; nil when not (fence.go)
-	succeeded chan struct{}  // another node was heard taking the lease (Shutdown waits for it)
-	// heardSuccessor is set when Shutdown heard another node take the
-	// lease it released (for the tests).
-	heardSuccessor atomic.Bool
-	hearing        atomic.Bool   // releases by other processes are heard (LISTEN)
-	heartbeating   atomic.Bool   // the heartbeat (or a follower's watch) runs
-	joined         atomic.Bool   // this node's membership row was recorded and the node has not left
-	joins          atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
-	haltedFlag     atomic.Bool   // halted is set; readable from any goroutine
-	steps          int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
-	rowChecked     atomic.Int64  // mono() of the last join or check that the membership row is this node's
-	mustJoin       atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
-	joining        atomic.Bool   // a membership refresh or join runs (memberLater, joinNow: one at a time)
-	hearsMarked    atomic.Bool   // the membership row records that this node hears releases (members.go markHearing)
+	members      MemberStore    // nil when the provider keeps no membership
+	wake         chan struct{}  // a release was heard: try now
+	fenceStmt    *preparedFence // Fence's read, prepared; nil when not (fence.go)
+	stopWatch    func()         // ends the watch of releases (wake.go); nil when none runs
+	hearing      atomic.Bool    // releases by other processes are heard (LISTEN)
+	heartbeating atomic.Bool    // the heartbeat (or a follower's watch) runs
+	joined       atomic.Bool    // this node's membership row was recorded and the node has not left
+	joins        atomic.Uint64  // successful joins of the membership row (a row taken over is joined again)
+	haltedFlag   atomic.Bool    // halted is set; readable from any goroutine
+	steps        int            // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	rowChecked   atomic.Int64   // mono() of the last join or check that the membership row is this node's
+	mustJoin     atomic.Bool    // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
+	joining      atomic.Bool    // a membership refresh or join runs (memberLater, joinNow: one at a time)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
 	work    workCount
 	downCh  chan struct{} // closed when Shutdown begins
 
-	cancel       context.CancelFunc
-	cancelListen context.CancelFunc
-	wg           sync.WaitGroup
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	// shutDone is made by the first Shutdown and closed when it returns,
 	// after it set shutdownErr.
@@ -143,15 +138,7 @@ func (c *Cluster) termMargin() time.Duration {
 // newTerm starts the term of lease l, whose attempt started at start.
 func (c *Cluster) newTerm(l Lease, start int64) *term {
 	t := &term{lease: l}
-	trust := c.cfg.FenceTimeout
-	if l.handed > 0 && l.handed < c.cfg.LeaseTTL {
-		// A term handed over by the predecessor's release: what was left
-		// of it by the database clock when this node read it, counted from
-		// before it asked, scaled as FenceTimeout is to LeaseTTL (the
-		// margin for clock-rate drift).
-		trust = time.Duration(float64(l.handed) * (float64(c.cfg.FenceTimeout) / float64(c.cfg.LeaseTTL)))
-	}
-	t.until.Store(monoAfter(start, trust))
+	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.timer = time.AfterFunc(c.untilMargin(t), func() { c.expire(t) })
 	return t
@@ -233,7 +220,6 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.wit.pendingTx = map[string]Querier{}
 	c.workers = map[*worker]struct{}{}
 	c.wake = make(chan struct{}, 1)
-	c.succeeded = make(chan struct{}, 1)
 	c.lookupCtx, c.stopLookups = context.WithCancel(context.Background())
 	c.seen = observed{free: true} // nothing observed yet: no event for a lease never held
 	c.downCh = make(chan struct{})
@@ -276,15 +262,13 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
-	listenCtx, cancelListen := context.WithCancel(context.WithoutCancel(ctx))
-	c.cancelListen = cancelListen
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
 		if c.fenceStmt != nil {
 			c.fenceStmt.close()
 		}
 		cancel()
-		cancelListen()
+		c.stopWatching()
 		c.leave(ctx)
 		c.events.close()
 		c.events.wait(ctx) // deliver what was emitted, within the caller's patience
@@ -308,22 +292,8 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		if c.halted != nil {
 			return fail(c.halted)
 		}
-		// PollOnly turns off listening, not the wake-ups within this
-		// process, which only the default provider itself can keep apart.
-		_, plain := c.provider.(*DBProvider)
-		if w, ok := c.provider.(ReleaseWatcher); ok && (!cfg.PollOnly || plain) {
-			// Return only once a release by another node of this process
-			// would wake this one: a release right after New returned
-			// would otherwise find nobody to wake and wait for a poll.
-			heard := make(chan struct{})
-			var once sync.Once
-			c.wg.Add(1)
-			go c.watchReleases(listenCtx, w, func() { once.Do(func() { close(heard) }) })
-			select {
-			case <-heard:
-			case <-ctx.Done():
-			case <-time.After(cfg.HeartbeatInterval): // never expected: a watcher that does not register
-			}
+		if w, ok := c.provider.(ReleaseWatcher); ok && !cfg.PollOnly {
+			c.watchReleases(ctx, w)
 		}
 		c.wg.Add(1)
 		c.heartbeating.Store(true)
@@ -547,8 +517,7 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	c.quiesce(t, stepGrace(c.cfg.HeartbeatInterval))
 	c.cancel()
 	if t != nil {
-		var expect bool
-		expect, err = c.releaseToSuccessor(ctx, t.lease)
+		err = c.release(ctx, t.lease)
 		reason := ReasonShutdown
 		if err == nil {
 			c.stats.releases.Add(1)
@@ -560,11 +529,8 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 			err = fmt.Errorf("cluster: release lease %q on shutdown: %w", c.cfg.LeaseName, err)
 		}
 		c.emit(EventLeaseReleased, t.lease.FencingToken, reason)
-		if expect {
-			c.awaitSuccessor(ctx)
-		}
 	}
-	c.cancelListen()
+	c.stopWatching()
 
 	c.lookupWork.wait(context.WithoutCancel(ctx)) // bounded by one heartbeat
 	c.wg.Wait()

@@ -174,13 +174,11 @@ type Config struct {
 	// error for a longer prefix gives it.
 	TablePrefix string
 
-	// PollOnly turns off listening for lease releases (PostgreSQL LISTEN,
-	// with clusterpgx's providers): followers then poll every heartbeat.
+	// PollOnly turns off the watch of lease releases ([ReleaseWatcher]:
+	// PostgreSQL LISTEN with clusterpgx's providers, and the wake-ups of
+	// nodes that share a provider): followers then poll every heartbeat.
 	// Set it behind a transaction pooler such as PgBouncer in transaction
-	// mode, where LISTEN cannot work. A release within one process still
-	// wakes its successor and two others there (with the default
-	// provider; a provider that embeds it and overrides WatchReleases is
-	// not asked to watch at all).
+	// mode, where LISTEN cannot work.
 	PollOnly bool
 
 	// SkipMigrations makes New run no DDL: it checks that the cluster

@@ -47,7 +47,8 @@ type dialect interface {
 	// seenByLease reports whether acquire and renew also refresh the
 	// node's membership row, in the same statement.
 	seenByLease() bool
-	// notifies reports whether a release NOTIFYs listeners.
+	// notifies reports whether a release NOTIFYs listeners (with the lease
+	// name, on channel <prefix>lease).
 	notifies() bool
 }
 
@@ -83,7 +84,6 @@ type queries struct {
 	LeaseExpire     string `sql:"lease_expire"`     // name, token
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
-	StoreIdentity   string `sql:"store_identity"`   // (none)
 	// Lanes (lanes.go, provider_lanes.go) and the config version.
 	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, scope, lane
 	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
@@ -257,25 +257,6 @@ type poller interface {
 // it, so that the session's first grant, a handoff, is not also its slowest.
 type warmer interface {
 	warm(ctx context.Context, conn Querier) error
-}
-
-// A handingOver dialect's release statements hand the next term to the
-// successor they name when it takes handed-over terms (PostgreSQL's
-// hand_over): scanRelease reads their row, and adopt reads, for the
-// successor, the term it was handed.
-type handingOver interface {
-	scanRelease(sc Row) (releaseRow, error)
-	adopt(ctx context.Context, conn Querier, req LeaseRequest) (row, error)
-	passTerm() string
-}
-
-// releaseRow is a release statement's row on a handingOver dialect: the
-// instance whose term ended, the successor it named ("" for none), whether
-// it handed that one the next term, and the lease row after it.
-type releaseRow struct {
-	instance, successor, endpoint string
-	handed                        bool
-	token, expiresAt, now         int64
 }
 
 func (r *row) scan(s Row) error {

@@ -26,16 +26,10 @@ type postgres struct {
 	schema   string
 	q        struct {
 		queries
-		CurrentSchema string `sql:"current_schema"`   // lease table
-		SchemaLock    string `sql:"schema_lock"`      // lock key, lock timeout ms
-		Warm          string `sql:"warm"`             // (none)
-		Rehearse      string `sql:"rehearse_release"` // (none)
-		Pass          string `sql:"pass"`             // name
-		Hears         string `sql:"node_hears"`       // scope, instance
-		UpgradeFirst  string `sql:"upgrade_first"`    // (none)
-		Poll          string `sql:"poll"`             // name, instance
-		Adopt         string `sql:"adopt"`            // name, holder, instance
-		PassTerm      string `sql:"pass_term"`        // name, holder, instance
+		CurrentSchema string `sql:"current_schema"` // lease table
+		SchemaLock    string `sql:"schema_lock"`    // lock key, lock timeout ms
+		Warm          string `sql:"warm"`           // (none)
+		Poll          string `sql:"poll"`           // name, instance
 		pgLaneQueries
 	}
 }
@@ -54,67 +48,10 @@ func (d *postgres) load(schema string) {
 		panic("cluster: schema/postgres_queries.sql: the warm query cannot quote the acquire query") // a build defect
 	}
 	d.q.Warm = strings.NewReplacer("{{acquire}}", d.q.Acquire, "{{scratch}}", d.scratch).Replace(d.q.Warm)
-	d.q.Rehearse = strings.ReplaceAll(d.q.Rehearse, "{{scratch}}", d.scratch)
-	// The members table's name in a string literal (to_regclass), qualified
-	// as the queries' tables are.
-	d.q.UpgradeFirst = strings.ReplaceAll(d.q.UpgradeFirst, "{{nodes_regclass}}", strings.ReplaceAll(schema, "'", "''")+d.prefix+"nodes")
-	// A handed-over term's share of the TTL: the followers' expiry wake
-	// (watchHooks.handedFor) counts with the same.
-	share := strconv.Itoa(handedShare)
-	for _, q := range []*string{&d.q.Release, &d.q.ReleaseInstance, &d.q.Rehearse} {
-		*q = strings.ReplaceAll(*q, "{{handed_share}}", share)
-	}
 }
 
 // quoteIdent quotes a PostgreSQL identifier.
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// warmListener readies conn, a listening connection, for the attempt of a
-// named successor that it will run (ListenConnPool): in a transaction it
-// rolls back, the acquire statement grants a scratch lease twice (the
-// warm query's name and steps), and the adopt query reads it, so that
-// pgx has prepared the statements on the connection, as it does each
-// statement it runs, and the session has planned the grant and compiled
-// the triggers, as the warm query does for the pool's sessions. No real lease is touched and nothing notifies
-// (a NOTIFY of a transaction rolled back is never sent).
-func (d *postgres) warmListener(ctx context.Context, conn Querier) error {
-	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
-		return err
-	}
-	var err error
-	scratch := LeaseRequest{Name: " sqlfence warm-up " + d.scratch}
-	for range 2 {
-		if _, _, err = d.acquire(ctx, conn, scratch); err != nil {
-			break
-		}
-	}
-	if err == nil {
-		// And the read of a handed-over term, which a successor named by
-		// a release in another process runs first.
-		if _, err = d.adopt(ctx, conn, scratch); errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
-		return errors.Join(err, rerr) // pgx closes a connection whose statement it gave up on
-	}
-	if err != nil {
-		return err
-	}
-	// Mark the session warm, as the warm query does, or a refused
-	// attempt on it would run that query too.
-	_, err = conn.Exec(ctx, "SELECT set_config($1, '1', false)", d.warmFlag)
-	return err
-}
-
-// markHearing records that instance hears releases of lease scope and may
-// lead (node_hears), and reports whether its active row was there.
-func (d *postgres) markHearing(ctx context.Context, conn Querier, scope, instance string) (bool, error) {
-	n, err := conn.Exec(ctx, d.q.Hears, scope, instance)
-	return n == 1, err
-}
 
 func (d *postgres) name() Dialect     { return Postgres }
 func (d *postgres) queries() *queries { return &d.q.queries }
@@ -162,19 +99,6 @@ func (d *postgres) pinSearchPath(ctx context.Context, conn Querier) error {
 	return err
 }
 
-// upgradeFirst runs, before the schema transaction of an upgrade from
-// version 4 or earlier, what must not run inside it: adding the column
-// hears_releases locks the members table, which running nodes' statements
-// lock before the lease table, while the schema transaction holds the
-// lease table's lock already.
-func (d *postgres) upgradeFirst(ctx context.Context, conn Querier, have int64) error {
-	if have == 0 || have >= 5 {
-		return nil
-	}
-	_, err := conn.Exec(ctx, d.q.UpgradeFirst)
-	return err
-}
-
 func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {
 	background := context.WithoutCancel(ctx)
 	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
@@ -212,44 +136,10 @@ func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (ro
 	return r, err
 }
 
-// adopt reads the term a release handed req's instance (the adopt
-// query): sql.ErrNoRows when the lease row is not that instance's, or has
-// expired.
-func (d *postgres) adopt(ctx context.Context, conn Querier, req LeaseRequest) (row, error) {
-	var r row
-	err := r.scan(conn.QueryRow(ctx, d.q.Adopt, req.Name, req.Holder, req.Instance))
-	return r, err
-}
-
-// passTerm is the statement that ends a term handed to a successor that
-// cannot take it, handing over nothing (the pass_term query).
-func (d *postgres) passTerm() string { return d.q.PassTerm }
-
-// scanRelease reads the row of a release statement (hand_over).
-func (d *postgres) scanRelease(sc Row) (releaseRow, error) {
-	var r releaseRow
-	err := sc.Scan(&r.instance, &r.successor, &r.handed, &r.token, &r.expiresAt, &r.endpoint, &r.now)
-	return r, err
-}
-
 // warm prepares conn's database session for its first grant (the warm
 // query), after an acquisition on it was refused.
 func (d *postgres) warm(ctx context.Context, conn Querier) error {
 	_, err := conn.Exec(ctx, d.q.Warm)
-	return err
-}
-
-// rehearseRelease runs a whole release of a scratch lease on conn's
-// database session, rolled back (the rehearse_release query), so that the
-// session's first real release does not compile what it reaches.
-func (d *postgres) rehearseRelease(ctx context.Context, conn Querier) error {
-	_, err := conn.Exec(ctx, d.q.Rehearse)
-	return err
-}
-
-// pass notifies the listeners that lease name is free to try at once.
-func (d *postgres) pass(ctx context.Context, conn Querier, name string) error {
-	_, err := conn.Exec(ctx, d.q.Pass, name)
 	return err
 }
 
@@ -280,7 +170,7 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 	case code == "42P01" || code == "42703":
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
 	case code == "42883":
-		return ErrSchema, "a function of the cluster schema is missing (the acquire and release functions came with schema version 4); run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
+		return ErrSchema, "a function of the cluster schema is missing ; run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
 	case code == "42501":
 		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (README, What an operator must configure)", ""
 	case code == "42601":

@@ -24,11 +24,11 @@
 // steal a live term. Followers learn from each failed attempt how long the
 // lease has left by the database clock, and try again when it expires, or
 // after one heartbeat, whichever is sooner. A release wakes them at once:
-// in one process its successor and two others through memory, and on
-// PostgreSQL followers that LISTEN (clusterpgx's providers) through the
-// NOTIFY the release sends;
-// while they hear, followers poll only when the lease is due to expire
-// ([Config.PollOnly] turns listening off). No node ever compares its wall
+// the nodes that share its provider through it, and on PostgreSQL
+// followers that LISTEN (clusterpgx's providers) through the one NOTIFY
+// the release sends; each woken follower makes one attempt. While they
+// hear, followers poll only when the lease is due to expire
+// ([Config.PollOnly] turns the watch off). No node ever compares its wall
 // clock with another's.
 //
 // # The trust window

@@ -25,26 +25,13 @@ func ResetDefault() {
 	std.init = nil
 }
 
-// SetSuccessorLead sets how long a woken follower that is not the named
-// successor waits, until the test ends. Only for tests that do not run in
-// parallel.
-func SetSuccessorLead(t interface{ Cleanup(func()) }, d time.Duration) {
-	was := successorLead
-	successorLead = d
-	t.Cleanup(func() { successorLead = was })
-}
-
-// LocalWatchers reports how many nodes of this process hear the releases
-// of lease name through p's database and tables.
+// LocalWatchers reports how many nodes watch the releases of lease name
+// through p.
 func LocalWatchers(p *DBProvider, name string) int {
-	localReleases.Lock()
-	defer localReleases.Unlock()
-	return len(localReleases.m[p.releaseKey(name)])
+	p.watchers.mu.Lock()
+	defer p.watchers.mu.Unlock()
+	return len(p.watchers.m[name])
 }
-
-// HeardSuccessor reports whether c's Shutdown heard another node take the
-// lease it released before it went on.
-func HeardSuccessor(c *Cluster) bool { return c.heardSuccessor.Load() }
 
 // FenceQuery returns the text of c's prepared fence read, "" when it has
 // none.
@@ -60,15 +47,6 @@ func FenceQuery(c *Cluster) string {
 		return ""
 	}
 	return q
-}
-
-// SetShutdownHandoffWait sets how long Shutdown waits to hear its
-// successor take the lease, until the test ends. Only for tests that do
-// not run in parallel.
-func SetShutdownHandoffWait(t interface{ Cleanup(func()) }, d time.Duration) {
-	was := shutdownHandoffWait
-	shutdownHandoffWait = d
-	t.Cleanup(func() { shutdownHandoffWait = was })
 }
 
 // SetRowCheckEvery sets how often a PostgreSQL candidate checks that its

@@ -217,9 +217,6 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	var held *LeaseHeldError
 	switch {
 	case err == nil:
-		if l.handedFrom != 0 && l.handedFrom < start {
-			start = l.handedFrom // handed over in this process: trusted from the release
-		}
 		// Check the database before reporting leadership: a rolled-back
 		// database must not get a leader that writes on top of it.
 		if err := c.verifyAcquired(ctx, l, start); err != nil {
@@ -245,20 +242,14 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.log.InfoContext(ctx, "cluster: lease acquired", "fencing_token", l.FencingToken)
 		c.emit(EventLeaseAcquired, l.FencingToken, "")
 		c.observe(observed{token: l.FencingToken}, c.cfg.NodeID, c.cfg.Endpoint)
-		if l.handed > 0 {
-			return 0 // a handed-over term lasts a fraction of a TTL: renew it now
-		}
 		return max(c.cfg.HeartbeatInterval-time.Duration(now-start), 0)
 
 	case errors.As(err, &held):
 		if held.Instance == c.instance {
-			// An earlier acquisition committed but its answer was lost (or,
-			// on a provider that hands terms over, a term was handed to
-			// this node). The error does not say when the attempt that read
-			// it began, so the term cannot be trusted from here: end it and
-			// campaign again for a term of our own. (The default provider
-			// on PostgreSQL takes such a term up itself, trusting it from
-			// its attempt's start for what the database says is left.)
+			// An earlier acquisition committed but its answer was lost. The
+			// error does not say when the attempt that read it began, so
+			// the term cannot be trusted from here: end it and campaign
+			// again for a term of our own.
 			if c.release(ctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
 				return 0
 			}
@@ -406,54 +397,6 @@ func (c *Cluster) releaseBy(ctx context.Context, release func(context.Context) e
 	err := release(rctx)
 	c.record(OpRelease, start, err)
 	return err
-}
-
-// shutdownHandoffWait bounds how long Shutdown, once it has released the
-// lease, waits to hear another node take it (at most one
-// HeartbeatInterval). A variable for the tests.
-var shutdownHandoffWait = 50 * time.Millisecond
-
-// releaseToSuccessor is release for Shutdown. It also reports whether
-// this node can expect to hear another take the lease: the release woke a
-// node of this process, or named a successor (a member the database saw
-// lately) while this node hears grants by LISTEN. Only the default provider
-// tells; with another, or one that embeds it, it reports false.
-func (c *Cluster) releaseToSuccessor(ctx context.Context, l Lease) (bool, error) {
-	p, ok := c.provider.(*DBProvider)
-	if !ok {
-		return false, c.release(ctx, l)
-	}
-	select {
-	case <-c.succeeded: // a grant heard before this term ended
-	default:
-	}
-	var r released
-	err := c.releaseBy(ctx, func(rctx context.Context) (err error) {
-		r, err = p.releaseTerm(rctx, l)
-		return err
-	})
-	return err == nil && (r.woke || r.successor != "" && c.hearing.Load()), err
-}
-
-// awaitSuccessor waits, for at most shutdownHandoffWait or one
-// HeartbeatInterval, whichever is shorter, until another node is heard
-// taking the lease this node released, or ctx is done. Shutdown closes
-// its connections after it: their server processes ending, and the
-// application's own teardown after Shutdown returns, would compete with
-// the successor's grant for the database (measured: its grant took 2.3
-// times as long; BENCHMARKS.md).
-func (c *Cluster) awaitSuccessor(ctx context.Context) {
-	t := time.NewTimer(min(shutdownHandoffWait, c.cfg.HeartbeatInterval))
-	defer t.Stop()
-	start := time.Now()
-	select {
-	case <-c.succeeded:
-		c.heardSuccessor.Store(true)
-		c.log.DebugContext(ctx, "cluster: heard the successor take the lease", "after", time.Since(start))
-	case <-t.C:
-		c.log.DebugContext(ctx, "cluster: did not hear a successor take the lease; closing anyway", "waited", time.Since(start))
-	case <-ctx.Done():
-	}
 }
 
 func (c *Cluster) setUnsure(v bool) {

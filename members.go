@@ -81,7 +81,6 @@ func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) e
 	}
 	c.joined.Store(true)
 	c.joins.Add(1)
-	c.hearsMarked.Store(false) // a row taken over or added records no hearing
 	return nil
 }
 
@@ -107,11 +106,6 @@ func (c *Cluster) joinAgain(ctx context.Context, timeout time.Duration) {
 		c.mustJoin.Store(false)
 		c.rowChecked.Store(mono())
 		c.log.InfoContext(ctx, "cluster: recorded this node's membership")
-		if c.hearing.Load() {
-			// The row is new to this node: a listening follower steps
-			// once per TTL, so record now that it hears.
-			c.markHearing(ctx)
-		}
 	case errors.Is(err, ErrReadOnly):
 		c.mustJoin.Store(false)
 		c.log.WarnContext(ctx, "cluster: the database is read-only, so this node's membership is not recorded; Members does not list it", "err", err)
@@ -175,9 +169,6 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	if !c.joined.Load() {
 		return
 	}
-	if c.markHearingLater(ctx) {
-		return
-	}
 	if candidate && c.members.SeenByLease() {
 		now := mono()
 		if time.Duration(now-c.rowChecked.Load()) < rowCheckEvery {
@@ -199,60 +190,6 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 			c.log.DebugContext(ctx, "cluster: membership refresh failed", "err", err)
 		}
 	})
-}
-
-// markHearingLater starts markHearing on a goroutine of its own
-// (memberLater) when this node hears releases and its membership row does
-// not record it yet, and reports whether it is due: when its listener
-// connects, and at each heartbeat step until one succeeds. Only with the
-// default provider, or one that embeds it.
-func (c *Cluster) markHearingLater(ctx context.Context) bool {
-	if c.marker() == nil || !c.hearing.Load() || c.hearsMarked.Load() || !c.member() {
-		return false
-	}
-	c.memberLater(func() { c.markHearing(ctx) })
-	return true
-}
-
-// marker is the default provider's markHearing (also through a provider
-// that embeds it), or nil.
-func (c *Cluster) marker() func(ctx context.Context, scope, instance string) error {
-	hm, ok := c.members.(interface {
-		markHearing(ctx context.Context, scope, instance string) error
-	})
-	if !ok {
-		return nil
-	}
-	return hm.markHearing
-}
-
-// markHearing records, with marker, that this node hears releases by
-// LISTEN, once per membership row: a PostgreSQL release names only such a
-// member its successor, never a RoleFollower or a node that polls, which
-// would not take the turn (the others would wait out successorLead). A
-// node whose listener stops stays recorded: it is named until it leaves,
-// as before this record existed, and the others then try 5-10 ms later.
-// A row found missing makes a join due (the next step joins, and marks
-// again); a read-only database is not asked again.
-func (c *Cluster) markHearing(ctx context.Context) {
-	mark := c.marker()
-	if mark == nil {
-		return
-	}
-	mctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
-	defer cancel()
-	err := mark(mctx, c.cfg.LeaseName, c.instance)
-	switch {
-	case err == nil:
-		c.hearsMarked.Store(true)
-	case errors.Is(err, errNotMember):
-		c.rowTakenOver(ctx, err)
-	case errors.Is(err, ErrReadOnly):
-		c.hearsMarked.Store(true) // no later statement changes that
-		c.log.DebugContext(ctx, "cluster: the database is read-only, so a release does not name this node successor", "err", err)
-	case ctx.Err() == nil:
-		c.log.DebugContext(ctx, "cluster: recording that this node hears releases failed; a release does not name it successor until a later heartbeat records it", "err", err)
-	}
 }
 
 // rowTakenOver records that a refresh found this node's membership row

@@ -61,17 +61,6 @@ type Lease struct {
 	// ExpiresAt is the expiry by the provider's clock. It is informational:
 	// a node's own belief in its leadership ends on its monotonic clock.
 	ExpiresAt time.Time
-
-	// handed, when not zero, is what was left of a term handed to this
-	// node by its predecessor's release (PostgreSQL), by the database
-	// clock, when the node read it: it trusts the term for that share of
-	// FenceTimeout, not a whole one, and renews it at once.
-	handed time.Duration
-	// handedFrom, when not zero, is the monotonic reading (mono) at which
-	// the release that handed the term over was sent, in this process: the
-	// term's trust counts from there, as the release's own read of the
-	// database clock came after it.
-	handedFrom int64
 }
 
 // Leader describes the node that holds the lease.
@@ -237,12 +226,6 @@ type Member struct {
 	Live bool `json:"live"`
 	// Leader reports the member whose term the lease row names, unexpired.
 	Leader bool `json:"leader"`
-	// HearsReleases reports, on PostgreSQL, a candidate that recorded that
-	// it hears releases by LISTEN: only such a member is named successor
-	// by a release (and handed the next term, if it is of schema version
-	// 6 or later). Always false on MySQL and SQLite, whose releases name
-	// no one, and for a RoleFollower or a node that polls.
-	HearsReleases bool `json:"hearsReleases"`
 }
 
 // A ChainTip is the recorded tip of a chain.

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -47,8 +46,6 @@ type DBProvider struct {
 	q      *queries
 	prefix string
 	log    *slog.Logger
-	// identity names the database for in-process wake-ups; set by Init.
-	identity string
 	// laneRows holds lanes (scope and key) whose row this provider saw,
 	// so that a claim of another lane creates its row first; see
 	// ClaimLane. At most maxLaneRows: a service that keys lanes by order
@@ -58,19 +55,9 @@ type DBProvider struct {
 	// one that fails, by a timeout say, may cost its connection, and one
 	// tried on every attempt would then cost one on every attempt.
 	warmPause atomic.Int64
-	// releaseWarmed maps a lease name to the fencing token (uint64) of
-	// its last term whose release statement warmRelease ran.
-	releaseWarmed sync.Map
-	// offer is the listening connection (ListenConnPool) on offer to the
-	// attempt of a follower that a release named its successor, or nil;
-	// see lendListener.
-	lendMu sync.Mutex
-	offer  *lentConn
-	// handedHeard maps a lease name and instance (name, NUL, instance) to
-	// the unix time (ns) until which that instance's next attempt first
-	// reads the term a release of another process handed it
-	// (handingOver): set when the release's grant is heard; see Acquire.
-	handedHeard sync.Map
+	// watchers are the nodes that watch releases through this provider
+	// (wake.go).
+	watchers watchers
 }
 
 const (
@@ -166,17 +153,9 @@ func (p *DBProvider) Init(ctx context.Context) error {
 	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
-	p.readIdentity(ctx, conn)
 	have, err := p.schemaVersion(ctx, conn)
 	if err != nil || have == SchemaVersion {
 		return err
-	}
-	if uf, ok := p.d.(interface {
-		upgradeFirst(ctx context.Context, conn Querier, have int64) error
-	}); ok {
-		if err := uf.upgradeFirst(ctx, conn, have); err != nil {
-			return p.wrap(fmt.Sprintf("prepare the upgrade of the cluster tables from schema version %d", have), err)
-		}
 	}
 	unlock, err := p.d.lockSchema(ctx, conn, p.prefix)
 	if err != nil {
@@ -201,7 +180,6 @@ func (p *DBProvider) CheckSchema(ctx context.Context) error {
 	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
-	p.readIdentity(ctx, conn)
 	have, err := p.schemaVersion(ctx, conn)
 	if err != nil || have == SchemaVersion {
 		return err
@@ -258,15 +236,6 @@ func (p *DBProvider) SchemaVersion(ctx context.Context) (int64, error) {
 		return have.Int64, fmt.Errorf("%w: table %sschema_version records version %d, newer than the %d this build knows", ErrSchema, p.prefix, have.Int64, SchemaVersion)
 	}
 	return have.Int64, nil
-}
-
-// readIdentity names the database, for in-process wake-ups; a failure
-// only costs those.
-func (p *DBProvider) readIdentity(ctx context.Context, conn Querier) {
-	var id sql.NullString
-	if err := conn.QueryRow(ctx, p.q.StoreIdentity).Scan(&id); err == nil && id.Valid {
-		p.identity = string(p.d.name()) + ":" + id.String
-	}
 }
 
 // schemaVersion reads the recorded schema version without taking a lock:
@@ -346,34 +315,11 @@ func (p *DBProvider) conn(ctx context.Context) (Querier, func(), error) {
 
 // Acquire implements [Provider].
 func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, error) {
-	conn, release, err := p.acquireConn(ctx, req)
+	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return Lease{}, err
 	}
 	defer release()
-	if ho, ok := p.d.(handingOver); ok {
-		// A release handed this instance the term. Made in this process,
-		// it told what it granted (takeHanded: the next attempt, whatever
-		// it is, takes it); made in another, it notified the grant
-		// (wasHanded), and the term is read rather than asked for. The
-		// term is trusted for what is left of it (Lease.handed), counted
-		// from before the release, or this statement, was sent, as a
-		// grant's TTL is.
-		if l, ok := takeHanded(p.releaseKey(req.Name), req.Instance); ok {
-			l.Holder = req.Holder // the node id of the instance's membership row
-			p.announceTaken(req.Name, l)
-			return l, nil
-		}
-		if !req.Poll && p.wasHanded(req) {
-			r, err := ho.adopt(ctx, conn, req)
-			switch {
-			case err == nil:
-				return p.adopted(req, r), nil
-			case !errors.Is(err, sql.ErrNoRows):
-				return Lease{}, p.wrap("adopt the term of lease "+quote(req.Name)+" handed to this node", err)
-			}
-		}
-	}
 	if pl, ok := p.d.(poller); ok && req.Poll {
 		// A routine poll: read first, and attempt only if the lease is
 		// free, expired, or held by this very instance (an answer lost).
@@ -382,8 +328,6 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		case errors.Is(err, sql.ErrNoRows): // no lease row yet
 		case err != nil:
 			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
-		case p.mayAdopt(req, r):
-			return p.adopted(req, r), nil
 		case r.expiresAt > r.now && r.instance != req.Instance:
 			return Lease{}, r.held()
 		}
@@ -394,15 +338,7 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
 		}
 		if granted {
-			l := r.lease(req.Name)
-			if _, ok := p.d.(handingOver); ok {
-				tookTerm(p.releaseKey(req.Name), req.Instance, l.FencingToken)
-			}
-			p.announceTaken(req.Name, l)
-			return l, nil
-		}
-		if p.mayAdopt(req, r) {
-			return p.adopted(req, r), nil
+			return r.lease(req.Name), nil
 		}
 		// Refused, yet the row read back is free: another node won a race
 		// and the statement saw the row from before its commit (PostgreSQL's
@@ -419,57 +355,6 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 			return Lease{}, r.held()
 		}
 	}
-}
-
-// mayAdopt reports whether r, the lease row an attempt of req read, is an
-// unexpired term of req's own instance that the node may take up: one a
-// release handed it, which it did not hear of before this attempt, or one
-// its own earlier attempt was granted when the answer was lost. Only where
-// releases hand terms over (handingOver); elsewhere such a term is
-// released and the node tries again.
-func (p *DBProvider) mayAdopt(req LeaseRequest, r row) bool {
-	_, ok := p.d.(handingOver)
-	return ok && r.expiresAt > r.now && r.instance == req.Instance && r.holder == req.Holder && r.token > 0
-}
-
-// adopted is the term of req's instance that r shows, taken up: trusted
-// for what is left of it by the database clock (Lease.handed), counted
-// from before the attempt that read it, and renewed at once.
-func (p *DBProvider) adopted(req LeaseRequest, r row) Lease {
-	l := r.lease(req.Name)
-	l.handed = leftOf(r.expiresAt, r.now)
-	tookTerm(p.releaseKey(req.Name), req.Instance, l.FencingToken)
-	p.announceTaken(req.Name, l)
-	return l
-}
-
-// leftOf is what is left of a term that expires at expiresAt, read at
-// now (unix ms, by the database clock): at least a millisecond, which
-// counts as a handed-over term (Lease.handed).
-func leftOf(expiresAt, now int64) time.Duration {
-	return max(time.Duration(expiresAt-now)*time.Millisecond, time.Millisecond)
-}
-
-// handedShare is the share of its TTL, in percent, that a term handed
-// over lasts until its holder renews it: the releases' argument to the
-// function hand_over (schema/postgres_queries.sql).
-const handedShare = 33
-
-// handedWait is how long after a release handed an instance the term that
-// instance's attempt takes it up (takeHanded, wasHanded).
-const handedWait = time.Second
-
-// markHanded records that a release in another process handed instance
-// the term of lease name (Acquire then reads it).
-func (p *DBProvider) markHanded(name, instance string) {
-	p.handedHeard.Store(name+"\x00"+instance, time.Now().Add(handedWait).UnixNano())
-}
-
-// wasHanded reports, once, whether a release handed req's instance the
-// term of its lease within handedWait.
-func (p *DBProvider) wasHanded(req LeaseRequest) bool {
-	v, ok := p.handedHeard.LoadAndDelete(req.Name + "\x00" + req.Instance)
-	return ok && time.Now().UnixNano() < v.(int64)
 }
 
 // mayWarm reports whether a warm-up may run now on an attempt's connection
@@ -498,61 +383,17 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	if err != nil {
 		return l, p.wrap("renew lease "+quote(l.Name), err)
 	}
-	l.ExpiresAt, l.handed = time.UnixMilli(expires), 0
-	if _, ok := p.d.(warmer); ok && p.mayWarm(ctx) {
-		if last, _ := p.releaseWarmed.Load(l.Name); last != l.FencingToken {
-			p.releaseWarmed.Store(l.Name, l.FencingToken)
-			p.warmRelease(ctx, conn, l)
-		}
-	}
+	l.ExpiresAt = time.UnixMilli(expires)
 	return l, nil
 }
 
-// warmRelease runs the release statement of term l on conn once, at the
-// term's first renew, with fencing token 0, which no term has, so that it
-// changes, locks and notifies nothing. A database session's first run of
-// the statement costs about twice a later one (the client prepares it; on
-// PostgreSQL the server compiles the release function and plans its
-// statement, once per session); without this the first run would be
-// the release on Shutdown, which the followers wait for. On PostgreSQL it
-// then rehearses a whole release, rolled back (releaseRehearser), for
-// what a release that ends no term never reaches. Best effort, like warm:
-// an error pauses warm-ups for a while and changes nothing else.
-func (p *DBProvider) warmRelease(ctx context.Context, conn Querier, l Lease) {
-	var err error
-	if ho, ok := p.d.(handingOver); ok {
-		_, err = ho.scanRelease(conn.QueryRow(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0)))
-	} else {
-		_, err = conn.Exec(ctx, p.q.Release, l.Name, l.Holder, l.Instance, int64(0))
-	}
-	if r, ok := p.d.(releaseRehearser); ok && (err == nil || errors.Is(err, sql.ErrNoRows)) {
-		err = r.rehearseRelease(ctx, conn)
-	}
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		p.warmPause.Store(time.Now().Add(warmPauseAfterFailure).UnixNano())
-		p.log.DebugContext(ctx, "cluster: running the release statement once ahead of the release failed; the release runs all the same, a little slower; no warm-up for a while",
-			"pause", warmPauseAfterFailure, "err", err)
-	}
-}
-
-// A releaseRehearser is a dialect that can run a whole release on a
-// database session to no effect, so that its first real one is not the
-// first to compile what a release reaches.
-type releaseRehearser interface {
-	rehearseRelease(ctx context.Context, conn Querier) error
-}
-
-// Release implements [Provider]. It wakes the followers that listen.
+// Release implements [Provider]: it ends term l if it still holds and
+// wakes the nodes that watch the lease: through this provider at once and,
+// on PostgreSQL, in other processes by the NOTIFY of the release
+// statement, which commits with it.
 func (p *DBProvider) Release(ctx context.Context, l Lease) error {
-	_, err := p.releaseTerm(ctx, l)
+	_, err := p.release(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	return err
-}
-
-// releaseTerm is Release, also reporting the successor the release named
-// among the members the database saw lately (it notified other processes)
-// and whether it woke a node of this process.
-func (p *DBProvider) releaseTerm(ctx context.Context, l Lease) (released, error) {
-	return p.releaseNamed(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 }
 
 // ReleaseInstance implements [InstanceReleaser].
@@ -562,59 +403,23 @@ func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance
 }
 
 // release runs release statement q on the lease named name, held by
-// instance ("" when not known), and wakes this process's other watchers of
-// it. Where releases notify, the statement returns the holder's instance
-// and the successor it named, one row when it ended a term and none
-// otherwise, and release reports whether it ended one; elsewhere it
-// reports true.
+// instance ("" when not known), and reports whether it ended a term; if
+// it did, it wakes the other watchers of the lease through p.
 func (p *DBProvider) release(ctx context.Context, name, instance, q string, args ...any) (bool, error) {
-	r, err := p.releaseNamed(ctx, name, instance, q, args...)
-	return r.ended, err
-}
-
-// released is what releaseNamed learnt.
-type released struct {
-	ended     bool   // a term ended (always true where releases do not notify)
-	successor string // the successor the statement named; "" for none, or where releases do not notify
-	handed    bool   // the successor was handed the next term
-	token     uint64 // the lease's token after the release (handingOver dialects)
-	woke      bool   // a node of this process was woken
-}
-
-// releaseNamed is release, also returning the successor it named, whether
-// it handed it the next term, and whether it woke a node of this process.
-func (p *DBProvider) releaseNamed(ctx context.Context, name, instance, q string, args ...any) (released, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
-		return released{}, err
+		return false, err
 	}
 	defer release()
-	var r releaseRow
-	if ho, ok := p.d.(handingOver); ok {
-		sent := mono()
-		r, err = ho.scanRelease(conn.QueryRow(ctx, p.d.bound(q, statementLimit(ctx)), args...))
-		if errors.Is(err, sql.ErrNoRows) {
-			return released{}, nil
-		}
-		instance = r.instance
-		if err == nil && r.handed {
-			// The successor, if it is a node of this process, takes the
-			// term from here, without a statement of its own.
-			giveHanded(p.releaseKey(name), Lease{Name: name, Instance: r.successor, Endpoint: r.endpoint,
-				FencingToken: uint64(r.token), ExpiresAt: time.UnixMilli(r.expiresAt),
-				handed: leftOf(r.expiresAt, r.now), handedFrom: sent})
-		}
-	} else {
-		_, err = conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)
-	}
+	n, err := conn.Exec(ctx, p.d.bound(q, statementLimit(ctx)), args...)
 	if err != nil {
-		return released{}, p.wrap("release lease "+quote(name), err)
+		return false, p.wrap("release lease "+quote(name), err)
 	}
-	// A release that named no one (no member records that it hears, as
-	// none listens through a pool that cannot) still wakes one node of
-	// this process first.
-	woke := p.announce(name, instance, r.successor, !p.d.notifies() || r.successor == "")
-	return released{ended: true, successor: r.successor, handed: r.handed, token: uint64(r.token), woke: woke}, nil
+	if n == 0 {
+		return false, nil
+	}
+	p.watchers.wake(name, instance)
+	return true, nil
 }
 
 // exec runs a lease statement, bounded on the server, on a connection of
@@ -929,12 +734,12 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 	var out []Member
 	for rows.next() {
 		var m Member
-		var pid, started, seen, leads, now, hears int64
-		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now, &hears); err != nil {
+		var pid, started, seen, leads, now int64
+		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now); err != nil {
 			rows.close()
 			return nil, p.wrap("read members", err)
 		}
-		m.PID, m.Leader, m.HearsReleases = int(pid), leads == 1, hears >= 1
+		m.PID, m.Leader = int(pid), leads == 1
 		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
 		m.SeenAgo = time.Duration(max(now-seen, 0)) * time.Millisecond
 		m.Live = m.Status == "active" && m.SeenAgo < timeout
@@ -992,22 +797,7 @@ func (p *DBProvider) ForceRelease(ctx context.Context, name string, token uint64
 }
 
 func (p *DBProvider) forceRelease(ctx context.Context, name string, token uint64) (bool, error) {
-	if p.d.notifies() {
-		return p.release(ctx, name, "", p.q.LeaseExpire, name, int64(token))
-	}
-	conn, release, err := p.conn(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer release()
-	n, err := conn.Exec(ctx, p.d.bound(p.q.LeaseExpire, statementLimit(ctx)), name, int64(token))
-	if err != nil {
-		return false, p.wrap("release lease "+quote(name), err)
-	}
-	if n == 1 {
-		p.announce(name, "", "", true)
-	}
-	return n == 1, nil
+	return p.release(ctx, name, "", p.q.LeaseExpire, name, int64(token))
 }
 
 // heldOther returns a *LeaseHeldError when lease name is held, nil when

@@ -8,12 +8,12 @@ import (
 )
 
 // PostgreSQL handoff modes for -pg-handoff. With "poll" followers do not
-// LISTEN (Config.PollOnly): across processes (-procs) a follower learns of
-// a released lease at its next attempt, within one heartbeat; in the
-// bench's one process a release still wakes its successor and two others
-// in memory, as SQLite's and MariaDB's do. With "notify" the release's NOTIFY also wakes followers in
-// other processes at once: they LISTEN through clusterpgx's providers
-// (NewStdlibProvider for the database/sql members, NewProvider for pgx).
+// LISTEN (Config.PollOnly): a follower learns of a released lease at its
+// next attempt, within one heartbeat (each member has a provider of its
+// own, so none hears another's release in memory either). With "notify"
+// the release's NOTIFY wakes the followers at once, in this process or
+// others: they LISTEN through clusterpgx's providers (NewStdlibProvider
+// for the database/sql members, NewProvider for pgx).
 //
 //	go run . compare -only handoff -systems postgres,pgx -pg-handoff notify
 //

@@ -141,15 +141,6 @@ var libMutants = []libMutant{
 		Stack: "sqlite", Faults: []string{faultRelease}, Seed: 32,
 		Why: "the fence allows a term a TTL's grace after its expiry by the database clock, \"for clock skew\": a term an operator ended is still written under",
 	},
-	// Release and take-up.
-	{
-		Name:  "take-up-any-instance",
-		File:  "provider_db.go",
-		Old:   "return ok && r.expiresAt > r.now && r.instance == req.Instance && r.holder == req.Holder && r.token > 0",
-		New:   "return ok && r.expiresAt > r.now && r.holder == req.Holder && r.token > 0",
-		Stack: "postgres", Faults: []string{faultRestart}, Seed: 33,
-		Why: "a node takes up an unexpired term of its NodeID whatever the instance: a process restarted within the TTL takes its dead predecessor's token",
-	},
 	// The config version, per dialect.
 	{
 		Name:  "pg-config-bump",

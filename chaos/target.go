@@ -196,8 +196,7 @@ func (tg target) termsTable() string { return tg.prefix + "terms" }
 // createTermLog creates the term log and the triggers that fill it: each
 // change of lease "leader", or of a lane of its scope, that grants a term
 // or a claim (the token, the holder or the instance changes, or the row is
-// created) or ends one early (a release: expires_at falls to renewed_at, or
-// on PostgreSQL a release that hands the next term over in the same UPDATE)
+// created) or ends one early (a release: expires_at falls to renewed_at)
 // takes the next number of the counter row the writes lock, in the same
 // statement. Writes and term
 // changes then share one order, decided by the database's locks at
@@ -224,23 +223,9 @@ func (tg target) createTermLog(ctx context.Context, db *sql.DB) error {
 		trig := p + "log_" + tb.name
 		switch tg.dialect {
 		case cluster.Postgres:
-			// A release on PostgreSQL (the library's function hand_over)
-			// may end its holder's term and grant the successor the next
-			// in one UPDATE; the old term's end is logged first, as the
-			// release it is. Only the holder's own release statement runs
-			// hand_over, so any other change of token stays a grant alone.
-			handOver := ""
-			if tb.name == "lease" {
-				handOver = `
-    IF ` + tb.mine + ` AND TG_OP = 'UPDATE' AND NEW.fencing_token <> OLD.fencing_token
-       AND OLD.expires_at > OLD.renewed_at AND position('` + p + `hand_over(' IN current_query()) > 0 THEN
-        UPDATE ` + seq + ` SET n = n + 1 WHERE id = 1 RETURNING n INTO s;
-        ` + ins + `VALUES (s, '', OLD.fencing_token, OLD.holder, OLD.instance, true);
-    END IF;`
-			}
 			qs = append(qs, `CREATE FUNCTION `+trig+`() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE s bigint;
-BEGIN`+handOver+`
+BEGIN
     IF `+tb.mine+` AND (TG_OP = 'INSERT' OR `+changed+`) THEN
         UPDATE `+seq+` SET n = n + 1 WHERE id = 1 RETURNING n INTO s;
         `+ins+`VALUES (s, `+vals+`);

@@ -338,18 +338,12 @@ func (r pgxRows) Close() error {
 // poolAdapter is a cluster.Pool over a pgxpool; it can LISTEN.
 type poolAdapter struct{ p *pgxpool.Pool }
 
-var _ cluster.ListenConnPool = poolAdapter{}
+var _ cluster.ListenPool = poolAdapter{}
 
 // Listen implements [cluster.ListenPool] on a connection taken out of the
 // pool for good (hijacked) and closed when Listen returns, so no pooled
 // connection is left listening.
 func (a poolAdapter) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
-	return a.ListenConn(ctx, channel, func(cluster.Querier) { ready() }, func(payload string, _ cluster.Querier) { notify(payload) })
-}
-
-// ListenConn implements [cluster.ListenConnPool]: Listen, lending the
-// listening connection to ready and notify.
-func (a poolAdapter) ListenConn(ctx context.Context, channel string, ready func(cluster.Querier), notify func(string, cluster.Querier)) error {
 	pc, err := a.p.Acquire(ctx)
 	if err != nil {
 		return err
@@ -359,14 +353,12 @@ func (a poolAdapter) ListenConn(ctx context.Context, channel string, ready func(
 	return listen(ctx, conn, channel, ready, notify)
 }
 
-// listen LISTENs on conn until ctx is done (nil) or conn fails, handing
-// ready and notify conn for statements of their own.
-func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(cluster.Querier), notify func(string, cluster.Querier)) error {
+// listen LISTENs on conn until ctx is done (nil) or conn fails.
+func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), notify func(string)) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return err
 	}
-	q := querier{conn}
-	ready(q)
+	ready()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -375,7 +367,7 @@ func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(clus
 			}
 			return err
 		}
-		notify(n.Payload, q)
+		notify(n.Payload)
 	}
 }
 

@@ -36,17 +36,11 @@ type stdlibPool struct {
 	db *sql.DB
 }
 
-var _ cluster.ListenConnPool = stdlibPool{}
+var _ cluster.ListenPool = stdlibPool{}
 
 // Listen implements [cluster.ListenPool] on a connection of db, which it
 // stops listening (UNLISTEN *) before giving it back.
 func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
-	return p.ListenConn(ctx, channel, func(cluster.Querier) { ready() }, func(payload string, _ cluster.Querier) { notify(payload) })
-}
-
-// ListenConn implements [cluster.ListenConnPool]: Listen, lending the
-// listening connection to ready and notify.
-func (p stdlibPool) ListenConn(ctx context.Context, channel string, ready func(cluster.Querier), notify func(string, cluster.Querier)) error {
 	conn, err := p.db.Conn(ctx)
 	if err != nil {
 		return err

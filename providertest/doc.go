@@ -57,6 +57,10 @@
 //     term can neither renew nor release it.
 //   - IndependentNames: leases of different names are held, reported and
 //     released independently.
+//   - ReleaseWakesWatchers: a provider that implements
+//     [cluster.ReleaseWatcher] wakes, within 5s, the watcher of another
+//     instance when a term is released through it, and wakes no one once
+//     the watch's stop has returned (skipped for a provider that does not).
 //   - ConcurrentAcquire: 8 providers over one store calling Acquire at once
 //     grant exactly one term; the others get ErrLeaseHeld. Three rounds,
 //     the term released in between, with increasing tokens.

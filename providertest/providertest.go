@@ -320,6 +320,43 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		mustLead(t, p, a)
 	})
 
+	t.Run("ReleaseWakesWatchers", func(t *testing.T) {
+		p := newStore(t)()
+		w, ok := p.(cluster.ReleaseWatcher)
+		if !ok {
+			t.Skipf("%T does not implement cluster.ReleaseWatcher", p)
+		}
+		woke := make(chan struct{}, 1)
+		stop := w.WatchReleases(t.Context(), "leader", "b-instance", func() {
+			select {
+			case woke <- struct{}{}:
+			default:
+			}
+		}, func(bool) {})
+		defer stop()
+		l := acquire(t, p, req("a", ttl))
+		release(t, p, l)
+		select {
+		case <-woke:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a release through the provider did not wake the watcher of another instance within 5s")
+		}
+		// Once stop has returned, wake is not called, whatever is released.
+		stop()
+		select {
+		case <-woke: // a second wake of the release above (in process and by LISTEN)
+		default:
+		}
+		next := acquire(t, p, req("c", ttl))
+		release(t, p, next)
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-woke:
+			t.Fatal("a release woke a watcher whose stop had returned")
+		default:
+		}
+	})
+
 	t.Run("ConcurrentAcquire", func(t *testing.T) {
 		concurrentRounds(t, newStore(t), func(t *testing.T, winner cluster.Lease, errs []error) {})
 	})

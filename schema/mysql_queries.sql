@@ -273,13 +273,11 @@ WHERE scope = ? AND instance = ?;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now,
--- hears releases (always 0: releases here name no successor). The lease
--- row decides who leads: at most one member does.
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 THEN 1 ELSE 0 END,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
-       0
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = ?
 ORDER BY n.node_id, n.started_at;
@@ -306,10 +304,6 @@ WHERE name = ? AND expires_at <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?;
 
--- name: store_identity
--- args: none. Names the database, so nodes in one process that reach it
--- through different pools wake each other on a release.
-SELECT CONCAT(@@hostname, ':', @@port, '/', DATABASE());
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
 -- scope, lane. Reads a lane without locking it, and what its fair share is

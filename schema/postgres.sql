@@ -280,27 +280,8 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     status     TEXT   NOT NULL CHECK (status IN ('active', 'left')),
     -- 1 once the node claimed a lane: it counts towards the lanes' fair share.
     takes_lanes SMALLINT NOT NULL DEFAULT 0,
-    -- 1 once the node heard releases by LISTEN as a candidate (version 5):
-    -- only such a member is named successor by a release. 2 (version 6):
-    -- it also takes a term handed over by the release (hand_over below).
-    hears_releases SMALLINT NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
-
--- Version 5 adds hears_releases to the tables of earlier versions, only
--- when it is missing: ALTER TABLE locks the table even when the column is
--- there, and this transaction holds the locks of the lease and the other
--- tables, which a running node's statements take in another order (a
--- deadlock). New adds it first in a transaction of its own
--- (upgrade_first in postgres_queries.sql), so here it is there already.
-DO $hears$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                   WHERE attrelid = '{{prefix}}nodes'::regclass AND attname = 'hears_releases' AND NOT attisdropped) THEN
-        ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
-    END IF;
-END
-$hears$;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,
@@ -448,22 +429,20 @@ CREATE TRIGGER {{prefix}}config_truncate
     BEFORE TRUNCATE ON {{prefix}}config
     FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}config_guard();
 
--- The lease statements a handoff waits for: a follower's acquisition and
--- the leader's release. They are functions so that PostgreSQL plans their
--- statements once per database session (plan_cache_mode =
--- force_generic_plan, for the function's own statements and the triggers
--- they fire, as a SET clause restores the session's own setting when the
--- function returns). A statement sent with parameters is planned again at
--- each of its first five runs in a session (a "custom plan", 0.2 to 0.5 ms
--- for these, ten times what running them costs) and a node runs them
--- rarely: a follower that hears releases attempts when the lease is free,
--- a leader releases once a term. Planned once, a session's later runs skip
--- planning; the followers' warm-up (query "warm") and the leader's first
--- renew of a term (a release of token 0) run them once ahead, so the
--- handoff itself does not plan. They run with the caller's rights and the
--- pinned search_path of the guards; EXECUTE is PUBLIC's by default.
--- CREATE OR REPLACE cannot change what a function returns: a later version
--- that does drops it first.
+-- The statement a handoff waits for, a follower's acquisition, is a
+-- function so that PostgreSQL plans its statements once per database
+-- session (plan_cache_mode = force_generic_plan, for the function's own
+-- statements and the triggers they fire, as a SET clause restores the
+-- session's own setting when the function returns). A statement sent with
+-- parameters is planned again at each of its first five runs in a session
+-- (a "custom plan", 0.2 to 0.5 ms for this one, ten times what running it
+-- costs) and a follower that hears releases runs it rarely, when the
+-- lease is free. Planned once, a session's later runs skip planning; the
+-- followers' warm-up (query "warm") runs it once ahead, so the handoff
+-- itself does not plan. It runs with the caller's rights and the pinned
+-- search_path of the guards; EXECUTE is PUBLIC's by default. CREATE OR
+-- REPLACE cannot change what a function returns: a later version that
+-- does drops it first.
 
 -- Grants a new term if the lease is free or expired, else reports the
 -- holder: granted, holder, instance, token, expires, endpoint, now, and
@@ -484,14 +463,6 @@ CREATE TRIGGER {{prefix}}config_truncate
 -- puts the setting back on for its transaction if it is off (a refused
 -- attempt earlier in the same transaction, on a Pool whose connections
 -- are transactions, would otherwise have turned it off for the grant too).
--- A grant tells the listeners too (NOTIFY on channel {{prefix}}lease,
--- delivered when it commits, after the release it follows): the lease name,
--- a tab and the new holder's instance. A follower still waiting out
--- successorLead need not try, and the node that released, which waits for
--- its successor before it closes its connections (Shutdown), can go on.
--- Nodes of versions that do not know it ignore it (no newline: not a name
--- they listen for). The warm-up's grants notify nothing: they are rolled
--- back.
 CREATE OR REPLACE FUNCTION {{prefix}}acquire(p_holder TEXT, p_instance TEXT, p_ttl_ms BIGINT, p_endpoint TEXT, p_name TEXT)
 RETURNS TABLE (granted BOOLEAN, holder TEXT, instance TEXT, fencing_token BIGINT,
                expires_at BIGINT, endpoint TEXT, now_ms BIGINT, warm BOOLEAN)
@@ -530,8 +501,7 @@ BEGIN
         RETURNING l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint
     )
     SELECT true, g.holder, g.instance, g.fencing_token, g.expires_at, g.endpoint, c.now_ms, c.warm
-    FROM granted g, clock c,
-         LATERAL (SELECT pg_notify('{{prefix}}lease', p_name || E'\t' || g.instance) AS told) n
+    FROM granted g, clock c
     WHERE current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL
     UNION ALL
     SELECT false, l.holder, l.instance, l.fencing_token, l.expires_at, l.endpoint, c.now_ms, c.warm
@@ -542,166 +512,3 @@ BEGIN
 END
 $acquire$;
 
--- Ends a term (nodes of version 5 call it; those of version 6 call
--- hand_over, below, which does this and more): p_name's, when it is held
--- by p_holder's p_instance under p_token (a NULL matches any:
--- release_instance passes no token, an operator's lease_expire no holder
--- either). It tells the listening
--- followers at once (NOTIFY on channel {{prefix}}lease; delivered when the
--- transaction commits, in the order sent) and names its successor, the
--- member that has run longest of those seen within two TTLs (a listening
--- follower tries at least once a TTL; a member that crashed without
--- leaving stays active, unseen) that hear releases (hears_releases 1 or,
--- written by nodes of version 6, 2: not a
--- RoleFollower, which never leads, nor a node that polls, which would not
--- hear that it was named, and the others would wait out successorLead),
--- as its database sessions are the likeliest to be warm (a member just
--- started is not yet). The first
--- payload is the lease name, then a newline and the successor's instance;
--- the second is the lease name alone, for nodes of versions that do not
--- know the first (PostgreSQL sends one when there is no successor, the two
--- being the same). The successor tries at once, or passes the turn when it
--- cannot lead, and the others a few milliseconds later, so that they do
--- not queue on the row behind it (wake.go). Returns the instance that held
--- the term and the successor ('' for none): one row when a term ended,
--- none otherwise. A node's own release commits without waiting for its WAL
--- to reach the disk (synchronous_commit off for this transaction only),
--- which takes a flush off every handoff: a release lost in a server crash
--- leaves the lease held until it expires, as if it had never been asked
--- for, and the next grant's flush, later in the WAL, makes the release
--- durable first. An operator's (no holder) waits for the flush.
-CREATE OR REPLACE FUNCTION {{prefix}}release(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT)
-RETURNS TABLE (instance TEXT, successor TEXT)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan
-AS $release$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH clock AS (
-        SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
-               CASE WHEN p_holder IS NULL THEN NULL
-                    ELSE set_config('synchronous_commit', 'off', true) END AS async
-    ), released AS (
-        UPDATE {{prefix}}lease AS l
-        SET renewed_at = c.now_ms, expires_at = c.now_ms
-        FROM clock c
-        WHERE l.name = p_name
-          AND (p_holder IS NULL OR l.holder = p_holder)
-          AND (p_instance IS NULL OR l.instance = p_instance)
-          AND (p_token IS NULL OR l.fencing_token = p_token)
-          AND l.expires_at > c.now_ms
-        RETURNING l.name, l.instance
-    ), term AS (
-        -- The TTL of the term that ends (read before the update, as every
-        -- part of one statement sees the same snapshot).
-        SELECT l.expires_at - l.renewed_at AS ttl_ms FROM {{prefix}}lease l WHERE l.name = p_name
-    ), successor AS (
-        SELECT COALESCE((
-            SELECT n.instance FROM {{prefix}}nodes n, released r, clock c, term t
-            WHERE n.scope = r.name AND n.status = 'active' AND n.instance <> r.instance
-              AND n.hears_releases >= 1 AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
-            ORDER BY n.started_at, n.instance LIMIT 1), '') AS instance
-    )
-    SELECT r.instance, s.instance
-    FROM released r, successor s,
-         LATERAL (SELECT pg_notify('{{prefix}}lease', r.name || CASE WHEN s.instance = '' THEN '' ELSE E'\n' || s.instance END) AS named,
-                         pg_notify('{{prefix}}lease', r.name) AS bare) told;
-END
-$release$;
-
--- Version 6: a node's release hands the lease over. It ends the term, as
--- release above does, and in the same transaction grants the next term
--- (the fencing token plus one) to the successor it names, when that
--- member records that it takes handed-over terms (hears_releases = 2,
--- written by nodes of version 6) and was seen within the ending term's
--- TTL (a member that crashed without leaving stays active; the fresher
--- the row, the likelier it is alive). The handed-over term lasts a third
--- of the ending term's TTL (the default heartbeat), not a whole TTL: the
--- successor takes it up by reading the row (query "adopt"), no write, and
--- renews it at once; a successor that is gone leaves the lease to the
--- others once that third has passed. So a handoff costs one committed
--- write, this one, instead of two (a release, then the successor's
--- grant). This transaction waits for its WAL flush, as every grant does:
--- a handed-over term lost in a server crash would be trusted by its
--- holder while the lease row said otherwise. Without such a successor (or
--- for an operator's release, p_holder NULL, or p_window_pct 0) it is the
--- release above: the lease is free and the successor, if any, is only
--- named. Notifications, delivered at commit in this order: when handed
--- over, the grant's (the lease name, a tab and the new holder, as acquire
--- sends), which tells the successor to read its term before it attempts
--- and the others that they need not try; the lease name, a newline and
--- the successor (as release); the lease name alone (for nodes of version
--- 4). Returns the instance whose term ended, the
--- successor ('' for none), whether the term was handed over, and the
--- lease row after it (token, expiry, endpoint) and the database clock.
--- p_window_pct is the handed-over term's share of the ending TTL in
--- percent (the nodes pass 33).
-CREATE OR REPLACE FUNCTION {{prefix}}hand_over(p_name TEXT, p_holder TEXT, p_instance TEXT, p_token BIGINT, p_window_pct INTEGER)
-RETURNS TABLE (instance TEXT, successor TEXT, handed BOOLEAN, fencing_token BIGINT,
-               expires_at BIGINT, endpoint TEXT, now_ms BIGINT)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan
-AS $hand_over$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH clock AS (
-        SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-    ), term AS (
-        -- The term that ends, and its TTL.
-        SELECT l.instance, l.expires_at - l.renewed_at AS ttl_ms
-        FROM {{prefix}}lease l, clock c
-        WHERE l.name = p_name
-          AND (p_holder IS NULL OR l.holder = p_holder)
-          AND (p_instance IS NULL OR l.instance = p_instance)
-          AND (p_token IS NULL OR l.fencing_token = p_token)
-          AND l.expires_at > c.now_ms
-    ), candidate AS (
-        SELECT n.instance, n.node_id, n.endpoint,
-               n.hears_releases = 2 AND n.last_seen >= c.now_ms - t.ttl_ms AND p_holder IS NOT NULL
-                   AND p_window_pct > 0 AS takes
-        FROM {{prefix}}nodes n, term t, clock c
-        WHERE n.scope = p_name AND n.status = 'active' AND n.instance <> t.instance
-          AND n.hears_releases >= 1 AND n.last_seen >= c.now_ms - 2 * t.ttl_ms
-        ORDER BY n.started_at, n.instance LIMIT 1
-    ), heir AS (
-        SELECT k.instance, k.node_id, k.endpoint,
-               greatest(t.ttl_ms * least(p_window_pct, 100) / 100, 1) AS window_ms
-        FROM candidate k, term t WHERE k.takes
-    ), ended AS (
-        UPDATE {{prefix}}lease AS l
-        SET holder        = COALESCE(h.node_id, l.holder),
-            instance      = COALESCE(h.instance, l.instance),
-            endpoint      = COALESCE(h.endpoint, l.endpoint),
-            fencing_token = l.fencing_token + CASE WHEN h.instance IS NULL THEN 0 ELSE 1 END,
-            acquired_at   = CASE WHEN h.instance IS NULL THEN l.acquired_at ELSE c.now_ms END,
-            renewed_at    = c.now_ms,
-            expires_at    = c.now_ms + COALESCE(h.window_ms, 0)
-        FROM clock c LEFT JOIN heir h ON true
-        WHERE l.name = p_name
-          AND (p_holder IS NULL OR l.holder = p_holder)
-          AND (p_instance IS NULL OR l.instance = p_instance)
-          AND (p_token IS NULL OR l.fencing_token = p_token)
-          AND l.expires_at > c.now_ms
-        RETURNING l.name, l.fencing_token, l.expires_at, l.endpoint, h.instance IS NOT NULL AS handed
-    )
-    SELECT t.instance, COALESCE(k.instance, ''), e.handed, e.fencing_token, e.expires_at, e.endpoint, c.now_ms
-    FROM ended e CROSS JOIN term t CROSS JOIN clock c LEFT JOIN candidate k ON true,
-         LATERAL (SELECT CASE WHEN e.handed THEN pg_notify('{{prefix}}lease', e.name || E'\t' || k.instance) END AS granted,
-                         pg_notify('{{prefix}}lease', e.name || CASE WHEN k.instance IS NULL THEN '' ELSE E'\n' || k.instance END) AS named,
-                         pg_notify('{{prefix}}lease', e.name) AS bare,
-                         -- A node's release that hands over nothing commits
-                         -- without its WAL flush, as release does; a
-                         -- handover waits for it (and turns it back on if
-                         -- a statement earlier in the transaction turned it
-                         -- off).
-                         CASE WHEN e.handed THEN
-                                  CASE WHEN current_setting('synchronous_commit') = 'off'
-                                       THEN set_config('synchronous_commit', 'on', true) END
-                              WHEN p_holder IS NOT NULL THEN set_config('synchronous_commit', 'off', true)
-                         END AS durability) told;
-END
-$hand_over$;

@@ -72,38 +72,6 @@ BEGIN
 END
 $warm$;
 
--- name: rehearse_release
--- args: (none). Run by a leader at its term's first renew, after the
--- release statement's run ahead (fencing token 0, which matches no row):
--- that run prepares the statement and plans the release function, but a
--- release that ends no term fires no trigger and sends no NOTIFY, and a
--- session's first real release still cost about 0.13 ms more than a later
--- one (bench/pgbench/firstrelease.sh); a leader releases once in its
--- process's life, at Shutdown, so its followers always paid that. Here
--- the acquire and release functions grant and release a scratch lease
--- inside a subtransaction that is rolled back: the triggers a release
--- fires are compiled, its NOTIFY and successor paths run, and nothing is
--- left, no real lease's token moves, nothing is sent (a NOTIFY of a
--- subtransaction rolled back never is). The scratch name begins with a
--- space, which no Config.LeaseName may, and ends with {{scratch}}, the
--- provider's own random hex digits, as the warm query's does. One
--- statement, committed without waiting for a WAL flush. Only its own
--- exception (raise_exception) is caught: any other error fails the
--- statement, which the leader logs (at debug) and which pauses its
--- warm-ups for a while, and which a test can see.
-DO $rehearse$
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    BEGIN
-        PERFORM * FROM {{prefix}}acquire('', ' r', 60000, '', ' sqlfence release rehearsal {{scratch}}');
-        PERFORM * FROM {{prefix}}hand_over(' sqlfence release rehearsal {{scratch}}', '', ' r', NULL, {{handed_share}});
-        RAISE EXCEPTION 'sqlfence: release rehearsed; rolling it back';
-    EXCEPTION WHEN raise_exception THEN
-        NULL;
-    END;
-END
-$rehearse$;
-
 -- name: renew
 -- args: ttl ms, name, holder, instance, token. Returns the new expiry. The
 -- renew is also the leader's membership heartbeat. Not a term a release
@@ -123,52 +91,47 @@ WHERE l.name = $2 AND l.holder = $3 AND l.instance = $4 AND l.fencing_token = $5
 RETURNING l.expires_at;
 
 -- name: release
--- args: name, holder, instance, token. Ends the term, tells the listening
--- followers, names a successor and hands it the next term when it takes
--- handed-over terms, lasting a third of the TTL (handed_share, put in by
--- the package: its constant handedShare, 33 percent) until it renews: the
--- function {{prefix}}hand_over of the schema (schema/postgres.sql; nodes
--- of version 5 call {{prefix}}release, which only names one). Returns the
--- instance that held the term, the successor ('' for none), whether it
--- was handed the term, and the lease row after: token, expiry, endpoint,
--- and the database clock. One row when a term ended, none otherwise.
-SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, $4, {{handed_share}});
-
--- name: adopt
--- args: name, holder, instance. Run by the successor a release named,
--- before it attempts: the term the release handed it (function hand_over
--- of the schema), read and not written, as the leader query reads it, if
--- the lease row is that instance's and unexpired. No row otherwise (the
--- release only named it: the leader was of version 5). The node trusts
--- the term for what remains of it by the database clock, counted from
--- when it sent this statement, and renews it at once.
-SELECT holder, instance, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}lease, (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
-WHERE name = $1 AND holder = $2 AND instance = $3 AND expires_at > c.now_ms;
-
--- name: pass
--- args: name. Sent by the successor a release named when it cannot take
--- the lease (it holds off after Resign, or is stopping): the lease name
--- alone, which wakes every listener at once.
-SELECT pg_notify('{{prefix}}lease', $1);
+-- args: name, holder, instance, token. Ends that term, if it still holds.
+-- One statement: the UPDATE ends the term by the database clock (expiry
+-- now, the token kept), and pg_notify tells the listening followers,
+-- with the lease name, on channel {{prefix}}lease; the notification
+-- is delivered when the transaction commits. It returns one row when it
+-- ended a term, none otherwise. A node's own release commits without
+-- waiting for its WAL flush (synchronous_commit off for this transaction
+-- only): one flush less on every handoff; a release lost in a server
+-- crash leaves the lease held until it expires, as if never asked for.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+           set_config('synchronous_commit', 'off', true) AS async
+), ended AS (
+    UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.fencing_token = $4 AND l.expires_at > c.now_ms
+    RETURNING l.name
+)
+SELECT pg_notify('{{prefix}}lease', name) FROM ended;
 
 -- name: release_instance
--- args: name, holder, instance. Releases whatever term the instance holds,
--- committing, notifying and returning as release does.
-SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, NULL, {{handed_share}});
-
--- name: pass_term
--- args: name, holder, instance. Run by the successor a release named when
--- it cannot take the lease (it holds off after Resign, or is stopping),
--- before it passes the turn on: it ends the term the release may have
--- handed it, and hands over nothing (another member that cannot lead
--- either would hand it back), so the lease is free and the next member
--- named tries at once, the others a few milliseconds later. Returns as
--- release does; no row when the instance held no term.
-SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, $2, $3, NULL, 0);
+-- args: name, holder, instance. Ends whatever term the instance holds
+-- (Shutdown, after an attempt whose answer was lost).
+-- One statement: the UPDATE ends the term by the database clock (expiry
+-- now, the token kept), and pg_notify tells the listening followers,
+-- with the lease name, on channel {{prefix}}lease; the notification
+-- is delivered when the transaction commits. It returns one row when it
+-- ended a term, none otherwise. A node's own release commits without
+-- waiting for its WAL flush (synchronous_commit off for this transaction
+-- only): one flush less on every handoff; a release lost in a server
+-- crash leaves the lease held until it expires, as if never asked for.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+           set_config('synchronous_commit', 'off', true) AS async
+), ended AS (
+    UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.holder = $2 AND l.instance = $3 AND l.expires_at > c.now_ms
+    RETURNING l.name
+)
+SELECT pg_notify('{{prefix}}lease', name) FROM ended;
 
 -- name: leader
 -- args: name. Returns holder, instance, token, expires, endpoint, now.
@@ -284,7 +247,7 @@ SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text,
 -- No row updated: node_join adds one.
 UPDATE {{prefix}}nodes AS m
 SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5,
-    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0, hears_releases = 0
+    started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 WHERE (m.scope, m.instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
@@ -301,29 +264,6 @@ ON CONFLICT (scope, instance) DO UPDATE SET
     node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
     last_seen = excluded.last_seen, status = 'active';
 
--- name: upgrade_first
--- args: none. Before an upgrade from version 4 or earlier, in a
--- transaction of its own (it takes one lock, the members table's, for as
--- long as a catalog change takes, waiting at most 5 s): the column
--- version 5 adds, which the schema transaction then finds there. No-op
--- when the table is missing or has it.
-DO $hears$
-BEGIN
-    PERFORM set_config('lock_timeout', '5000', true);
-    IF to_regclass('{{nodes_regclass}}') IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM pg_attribute
-        WHERE attrelid = to_regclass('{{nodes_regclass}}') AND attname = 'hears_releases' AND NOT attisdropped) THEN
-        ALTER TABLE {{prefix}}nodes ADD COLUMN IF NOT EXISTS hears_releases SMALLINT NOT NULL DEFAULT 0;
-    END IF;
-END
-$hears$;
-
--- name: node_hears
--- args: scope, instance. The member hears releases by LISTEN and may lead:
--- a release may name it successor, and hand it the next term (2; nodes of
--- version 5 wrote 1, and are only named).
-UPDATE {{prefix}}nodes SET hears_releases = 2 WHERE scope = $1 AND instance = $2 AND status = 'active';
-
 -- name: node_seen
 -- args: scope, instance.
 UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'active'
@@ -336,20 +276,16 @@ SELECT 1 FROM {{prefix}}nodes WHERE scope = $1 AND instance = $2;
 
 -- name: node_leave
 -- args: scope, instance.
-UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left', hears_releases = 0
+UPDATE {{prefix}}nodes SET last_seen = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, status = 'left'
 WHERE scope = $1 AND instance = $2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now,
--- hears releases (read through the row's JSON, so that clusterctl still
--- lists the members of tables not yet upgraded to version 5, which lack
--- the column: 0 there). The lease row decides who leads: at most one
--- member does.
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1 ELSE 0 END,
-       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
-       COALESCE((to_jsonb(n) ->> 'hears_releases')::int, 0)
+       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = $1
 ORDER BY n.node_id, n.started_at;
@@ -363,11 +299,22 @@ FROM {{prefix}}chain_tips ORDER BY scope;
 -- name: lease_expire
 -- args: name, token. An operator ends the term of that token at once
 -- (clusterctl release -force), and no other: a term that changed hands
--- since the operator read it is left alone. The token is kept; the
--- followers are told, and the successor returned, as by release (never
--- the holder itself). Unlike a node's release it waits for its WAL flush.
-SELECT instance, successor, handed, fencing_token, expires_at, endpoint, now_ms
-FROM {{prefix}}hand_over($1, NULL, NULL, $2::bigint, 0);
+-- since the operator read it is left alone.
+-- One statement: the UPDATE ends the term by the database clock (expiry
+-- now, the token kept), and pg_notify tells the listening followers,
+-- with the lease name, on channel {{prefix}}lease; the notification
+-- is delivered when the transaction commits. It returns one row when it
+-- ended a term, none otherwise. Unlike a node's release it waits for its
+-- WAL flush.
+WITH clock AS (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+), ended AS (
+    UPDATE {{prefix}}lease AS l SET renewed_at = c.now_ms, expires_at = c.now_ms
+    FROM clock c
+    WHERE l.name = $1 AND l.fencing_token = $2::bigint AND l.expires_at > c.now_ms
+    RETURNING l.name
+)
+SELECT pg_notify('{{prefix}}lease', name) FROM ended;
 
 -- name: lease_retire
 -- args: name. An operator retires a lease name: the row stays, with its
@@ -379,14 +326,6 @@ WHERE name = $1 AND expires_at <= floor(extract(epoch FROM clock_timestamp()) * 
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
 
--- name: store_identity
--- args: none. Names the database, so nodes in one process that reach it
--- through different pools wake each other on a release and share one
--- LISTEN. The server's start time and port setting tell apart servers that
--- the address alone does not (two servers on one host's Unix sockets, two
--- containers with the same address on different hosts).
-SELECT current_database() || '@' || COALESCE(host(inet_server_addr()), 'local') || ':' || COALESCE(inet_server_port(), 0)::text
-       || '/' || current_setting('port') || '/' || pg_postmaster_start_time()::text;
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
 -- scope, lane. Reads a lane without locking it, and what its fair share is

@@ -181,13 +181,11 @@ WHERE scope = ?1 AND instance = ?2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now,
--- hears releases (always 0: releases here name no successor). The lease
--- row decides who leads: at most one member does.
+-- last seen, status, leads (the lease row names it, unexpired), now. The
+-- lease row decides who leads: at most one member does.
 SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) THEN 1 ELSE 0 END,
-       CAST(unixepoch('subsec') * 1000 AS INTEGER),
-       0
+       CAST(unixepoch('subsec') * 1000 AS INTEGER)
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
 WHERE n.scope = ?1
 ORDER BY n.node_id, n.started_at;
@@ -214,10 +212,6 @@ WHERE name = ?1 AND expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER);
 -- args: scope. The members of a retired lease name have left.
 UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?1;
 
--- name: store_identity
--- args: none. The database file, so nodes in one process that share it
--- through different pools wake each other on a release.
-SELECT file FROM pragma_database_list WHERE name = 'main';
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
 -- scope, lane. Reads a lane, and what its fair share is computed from:

@@ -323,7 +323,7 @@ func TestStatusReleaseRetire(t *testing.T) {
 		if err := json.Unmarshal(raw["members"], &members); err != nil || len(members) == 0 {
 			t.Fatalf("status -json members: %v", err)
 		}
-		if got, want := keys(t, members[0]), []string{"endpoint", "hearsReleases", "host", "instance", "lastSeen", "lastSeenAgoMs", "leader", "live", "nodeId", "pid", "startedAt", "status"}; !slices.Equal(got, want) {
+		if got, want := keys(t, members[0]), []string{"endpoint", "host", "instance", "lastSeen", "lastSeenAgoMs", "leader", "live", "nodeId", "pid", "startedAt", "status"}; !slices.Equal(got, want) {
 			t.Errorf("status -json member keys = %v, want %v", got, want)
 		}
 

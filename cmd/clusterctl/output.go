@@ -87,10 +87,10 @@ func (e *env) printMembers(ms []cluster.Member) error {
 		return err
 	}
 	w := e.table()
-	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLISTENS\tLAST SEEN")
+	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLAST SEEN")
 	for _, m := range ms {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s ago\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
-			m.Status, yesNo(m.Live), yesNo(m.Leader), yesNo(m.HearsReleases), span(m.SeenAgo))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s ago\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
+			m.Status, yesNo(m.Live), yesNo(m.Leader), span(m.SeenAgo))
 	}
 	return w.Flush()
 }
