@@ -95,13 +95,11 @@ func (d *mySQL) lockSchema(ctx context.Context, conn Querier, prefix string) (fu
 }
 
 // ddlErrorOK keeps an existing trigger (error 1359): MySQL DDL is not
-// transactional, so triggers carry their version in their names and are
-// created before the older ones are dropped.
+// transactional, so triggers carry their version in their names, and a
+// schema applied again finds them there.
 func (d *mySQL) ddlErrorOK(err error) bool {
 	var my *mysql.MySQLError
-	// 1359: trigger exists; 1061: duplicate key name; 1091: no such key
-	// to drop.
-	return errors.As(err, &my) && (my.Number == 1359 || my.Number == 1061 || my.Number == 1091)
+	return errors.As(err, &my) && my.Number == 1359
 }
 
 // acquire reads the lease row first, without locking it, and stops there

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"database/sql"
 	"time"
 )
@@ -60,3 +61,9 @@ func SetRowCheckEvery(t interface{ Cleanup(func()) }, d time.Duration) {
 
 // TxQuerier is the package's Querier over a database/sql transaction.
 func TxQuerier(tx *sql.Tx) Querier { return sqlQuerier{tx} }
+
+// MigrateTo runs p's migration for a build whose schema is version, with
+// ddl its whole schema file: the path of the next real schema change.
+func MigrateTo(ctx context.Context, p *DBProvider, version int64, ddl string) error {
+	return p.migrate(ctx, version, ddl)
+}

@@ -225,7 +225,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			appendAudit(t, tg, a, table, 1, 2)
 			for _, q := range []string{
 				"TRUNCATE " + tg.Prefix + "lease",
-				"DROP TRIGGER " + map[cluster.Dialect]string{cluster.Postgres: tg.Prefix + "lease_guard ON " + tg.Prefix + "lease", cluster.MySQL: tg.Prefix + "lease_update_v7"}[d],
+				"DROP TRIGGER " + map[cluster.Dialect]string{cluster.Postgres: tg.Prefix + "lease_guard ON " + tg.Prefix + "lease", cluster.MySQL: tg.Prefix + "lease_update_v1"}[d],
 				"DROP TABLE " + tg.Prefix + "high_water",
 			} {
 				if _, err := app.ExecContext(ctx, q); err == nil || !(strings.Contains(err.Error(), "denied") || strings.Contains(err.Error(), "42501")) {

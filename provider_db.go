@@ -16,7 +16,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 7
+const SchemaVersion = 1
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -145,6 +145,13 @@ type nopProvider struct{ Provider }
 // When the version is current it runs no DDL, so it works on a read-only
 // replica and takes no lock that could queue behind an open transaction.
 func (p *DBProvider) Init(ctx context.Context) error {
+	return p.migrate(ctx, SchemaVersion, schemaFile(string(p.d.name())+".sql", p.prefix))
+}
+
+// migrate is Init for a build whose schema is version, with ddl the whole
+// schema file of that version (the tests migrate to a synthetic next
+// version this way).
+func (p *DBProvider) migrate(ctx context.Context, version int64, ddl string) error {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return err
@@ -153,15 +160,15 @@ func (p *DBProvider) Init(ctx context.Context) error {
 	if err := p.d.prepare(ctx, conn, p); err != nil {
 		return err
 	}
-	have, err := p.schemaVersion(ctx, conn)
-	if err != nil || have == SchemaVersion {
+	have, err := p.versionAtMost(ctx, conn, version)
+	if err != nil || have == version {
 		return err
 	}
 	unlock, err := p.d.lockSchema(ctx, conn, p.prefix)
 	if err != nil {
 		return p.wrap("lock schema", err)
 	}
-	err = p.applySchema(ctx, conn)
+	err = p.applySchema(ctx, conn, version, ddl)
 	if uerr := unlock(err == nil); err == nil && uerr != nil {
 		err = p.wrap("unlock schema", uerr)
 	}
@@ -242,6 +249,11 @@ func (p *DBProvider) SchemaVersion(ctx context.Context) (int64, error) {
 // 0 when the tables are missing, an error wrapping ErrSchema when it is
 // newer than this build.
 func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, error) {
+	return p.versionAtMost(ctx, conn, SchemaVersion)
+}
+
+// versionAtMost is schemaVersion for a build whose schema is version.
+func (p *DBProvider) versionAtMost(ctx context.Context, conn Querier, version int64) (int64, error) {
 	var have sql.NullInt64
 	if err := conn.QueryRow(ctx, p.q.VersionRead).Scan(&have); err != nil {
 		if errors.Is(p.wrap("", err), ErrSchema) {
@@ -249,9 +261,9 @@ func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, er
 		}
 		return 0, p.wrap("read schema version", err)
 	}
-	if have.Int64 > SchemaVersion {
+	if have.Int64 > version {
 		return 0, fmt.Errorf("%w: table %sschema_version records version %d, newer than the %d this build knows; upgrade github.com/sqlfence/cluster",
-			ErrSchema, p.prefix, have.Int64, SchemaVersion)
+			ErrSchema, p.prefix, have.Int64, version)
 	}
 	return have.Int64, nil
 }
@@ -259,8 +271,8 @@ func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, er
 // applySchema creates or upgrades the tables; the caller holds the schema
 // lock. The schema file is idempotent and describes the whole current
 // schema, so it serves a new database and every older version alike.
-func (p *DBProvider) applySchema(ctx context.Context, conn Querier) error {
-	ddl := splitStatements(schemaFile(string(p.d.name())+".sql", p.prefix))
+func (p *DBProvider) applySchema(ctx context.Context, conn Querier, version int64, file string) error {
+	ddl := splitStatements(file)
 	if ps, ok := p.d.(interface {
 		pinSearchPath(ctx context.Context, conn Querier) error
 	}); ok {
@@ -274,20 +286,20 @@ func (p *DBProvider) applySchema(ctx context.Context, conn Querier) error {
 	if _, err := conn.Exec(ctx, ddl[0]); err != nil {
 		return p.wrap("create schema_version table", err)
 	}
-	have, err := p.schemaVersion(ctx, conn)
-	if err != nil || have == SchemaVersion {
+	have, err := p.versionAtMost(ctx, conn, version)
+	if err != nil || have == version {
 		return err
 	}
 	for _, stmt := range ddl[1:] {
 		if _, err := conn.Exec(ctx, stmt); err != nil && !p.d.ddlErrorOK(err) {
-			return p.wrap(fmt.Sprintf("upgrade the cluster tables from schema version %d to %d", have, SchemaVersion), err)
+			return p.wrap(fmt.Sprintf("upgrade the cluster tables from schema version %d to %d", have, version), err)
 		}
 	}
-	if _, err := conn.Exec(ctx, p.q.VersionWrite, SchemaVersion); err != nil {
+	if _, err := conn.Exec(ctx, p.q.VersionWrite, version); err != nil {
 		return p.wrap("record schema version", err)
 	}
 	if have > 0 {
-		p.log.InfoContext(ctx, "cluster: upgraded the cluster tables", "from_version", have, "to_version", SchemaVersion)
+		p.log.InfoContext(ctx, "cluster: upgraded the cluster tables", "from_version", have, "to_version", version)
 	}
 	return nil
 }

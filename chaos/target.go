@@ -261,7 +261,7 @@ func (tg target) dropTipGuard(ctx context.Context, db *sql.DB) error {
 	case cluster.Postgres:
 		qs = []string{"DROP TRIGGER " + tg.prefix + "chain_tips_guard ON " + tg.prefix + "chain_tips"}
 	case cluster.MySQL:
-		qs = []string{"DROP TRIGGER " + tg.prefix + "chain_tips_insert_v3", "DROP TRIGGER " + tg.prefix + "chain_tips_update_v3"}
+		qs = []string{"DROP TRIGGER " + tg.prefix + "chain_tips_insert_v1", "DROP TRIGGER " + tg.prefix + "chain_tips_update_v1"}
 	case cluster.SQLite:
 		qs = []string{"DROP TRIGGER " + tg.prefix + "chain_tips_guard_insert", "DROP TRIGGER " + tg.prefix + "chain_tips_guard_update"}
 	}

@@ -1,5 +1,5 @@
 -- sqlfence/cluster schema for MySQL 8.0 and MariaDB 10.5 or later (InnoDB),
--- version 3. {{prefix}} is replaced by Config.TablePrefix (validated,
+-- version 1. {{prefix}} is replaced by Config.TablePrefix (validated,
 -- default "cluster_"). Times are unix milliseconds by the database clock,
 -- UTC_TIMESTAMP(6). A statement ends at a line that starts in column 0 and
 -- ends with ";".
@@ -7,10 +7,10 @@
 -- The file is idempotent and describes the whole current schema: New runs
 -- it, under GET_LOCK, only when {{prefix}}schema_version records an older
 -- version. MySQL DDL is not transactional and commits one statement at a
--- time, so triggers carry their schema version in their names: the new ones
--- are created (an existing one, error 1359, is kept) before the older ones
--- are dropped, and there is no moment without a guard. While an upgrade
--- runs, a write must pass both the old and the new guards.
+-- time, so triggers carry their schema version in their names (_v1): a
+-- later version creates its own (an existing one, error 1359, is kept)
+-- before it drops these, so that there is no moment without a guard, and
+-- while it runs a write must pass both.
 --
 -- Guard errors are SIGNALed with SQLSTATEs of class SF, which the package
 -- maps to its sentinel errors:
@@ -59,11 +59,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
     CONSTRAINT {{prefix}}high_water_nonneg CHECK (value >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- Seed the marks of a database made by an older version.
-INSERT IGNORE INTO {{prefix}}high_water (scope, value)
-SELECT CONCAT('lease/', name), fencing_token FROM {{prefix}}lease;
-
-CREATE TRIGGER {{prefix}}high_water_update_v3
+CREATE TRIGGER {{prefix}}high_water_update_v1
 BEFORE UPDATE ON {{prefix}}high_water FOR EACH ROW
 BEGIN
     IF BINARY NEW.scope <> BINARY OLD.scope OR NEW.value < OLD.value THEN
@@ -71,7 +67,7 @@ BEGIN
     END IF;
 END;
 
-CREATE TRIGGER {{prefix}}high_water_delete_v3
+CREATE TRIGGER {{prefix}}high_water_delete_v1
 BEFORE DELETE ON {{prefix}}high_water FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a high-water mark may not be deleted';
@@ -79,7 +75,7 @@ END;
 
 -- Fencing tokens must never go back or be granted twice. A row with token
 -- 0 is a free lease never granted (the acquire statement creates one).
-CREATE TRIGGER {{prefix}}lease_insert_v3
+CREATE TRIGGER {{prefix}}lease_insert_v1
 BEFORE INSERT ON {{prefix}}lease FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
@@ -93,9 +89,8 @@ BEGIN
     END IF;
 END;
 
--- Version 7: besides the version-3 checks, a term changes hands only with
--- a new token (SF009).
-CREATE TRIGGER {{prefix}}lease_update_v7
+-- A term changes hands only with a new token (SF009).
+CREATE TRIGGER {{prefix}}lease_update_v1
 BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
@@ -121,17 +116,11 @@ BEGIN
     END IF;
 END;
 
-DROP TRIGGER IF EXISTS {{prefix}}lease_update_v3;
-
-CREATE TRIGGER {{prefix}}lease_delete_v3
+CREATE TRIGGER {{prefix}}lease_delete_v1
 BEFORE DELETE ON {{prefix}}lease FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF004' SET MESSAGE_TEXT = 'sqlfence: a lease may not be deleted: its fencing tokens would start again at 1';
 END;
-
-DROP TRIGGER IF EXISTS {{prefix}}lease_guard_update;
-
-DROP TRIGGER IF EXISTS {{prefix}}lease_guard_delete;
 
 -- The recorded tip of each hash-chained table. The guards below make the
 -- database itself refuse a tip written under a stale fencing token, moving
@@ -150,7 +139,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}chain_tips (
 INSERT IGNORE INTO {{prefix}}high_water (scope, value)
 SELECT CONCAT('chain/', scope), at_counter FROM {{prefix}}chain_tips;
 
-CREATE TRIGGER {{prefix}}chain_tips_insert_v3
+CREATE TRIGGER {{prefix}}chain_tips_insert_v1
 BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
     DECLARE cur_token BIGINT DEFAULT NULL;
@@ -172,7 +161,7 @@ BEGIN
         ON DUPLICATE KEY UPDATE value = GREATEST(value, VALUES(value));
 END;
 
-CREATE TRIGGER {{prefix}}chain_tips_update_v3
+CREATE TRIGGER {{prefix}}chain_tips_update_v1
 BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
     DECLARE cur_token BIGINT DEFAULT NULL;
@@ -200,17 +189,11 @@ BEGIN
     END IF;
 END;
 
-CREATE TRIGGER {{prefix}}chain_tips_delete_v3
+CREATE TRIGGER {{prefix}}chain_tips_delete_v1
 BEFORE DELETE ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF003' SET MESSAGE_TEXT = 'sqlfence: chain tips may not be deleted';
 END;
-
-DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_insert;
-
-DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_update;
-
-DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_delete;
 
 -- Cluster-wide facts every node must agree on, one row per lease name.
 CREATE TABLE IF NOT EXISTS {{prefix}}state (
@@ -261,24 +244,15 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
     renewed_at    BIGINT       NOT NULL,
     expires_at    BIGINT       NOT NULL,
     PRIMARY KEY (scope, lane),
-    KEY {{prefix}}lanes_by_instance (scope, instance),
+    -- What a claim and a keeper's heartbeat count reads only the lanes
+    -- held now or within the fair share's window, however many keys the
+    -- scope ever used (rows are never deleted).
+    KEY {{prefix}}lanes_by_holding (scope, instance, expires_at),
+    KEY {{prefix}}lanes_by_renewal (scope, renewed_at),
     CONSTRAINT {{prefix}}lanes_token_nonneg CHECK (fencing_token >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- Version 7: what a claim and a keeper's heartbeat count reads only the
--- lanes held now or within the fair share's window, however many keys the
--- scope ever used (rows are never deleted). The keys are added here, on
--- new tables and old alike (MySQL has no CREATE INDEX IF NOT EXISTS), and
--- the first one, which they replace, dropped; New takes error 1061
--- ("duplicate key name") and 1091 (no such key) as done, should an
--- upgrade stop half-way.
-CREATE INDEX {{prefix}}lanes_by_holding ON {{prefix}}lanes (scope, instance, expires_at);
-
-CREATE INDEX {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope, renewed_at);
-
-DROP INDEX {{prefix}}lanes_by_instance ON {{prefix}}lanes;
-
-CREATE TRIGGER {{prefix}}lanes_insert_v3
+CREATE TRIGGER {{prefix}}lanes_insert_v1
 BEFORE INSERT ON {{prefix}}lanes FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
@@ -294,9 +268,8 @@ BEGIN
     END IF;
 END;
 
--- Version 7: besides the version-3 checks, a term changes hands only with
--- a new token (SF009).
-CREATE TRIGGER {{prefix}}lanes_update_v7
+-- A term changes hands only with a new token (SF009).
+CREATE TRIGGER {{prefix}}lanes_update_v1
 BEFORE UPDATE ON {{prefix}}lanes FOR EACH ROW
 BEGIN
     DECLARE mark BIGINT DEFAULT NULL;
@@ -322,9 +295,7 @@ BEGIN
     END IF;
 END;
 
-DROP TRIGGER IF EXISTS {{prefix}}lanes_update_v3;
-
-CREATE TRIGGER {{prefix}}lanes_delete_v3
+CREATE TRIGGER {{prefix}}lanes_delete_v1
 BEFORE DELETE ON {{prefix}}lanes FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF008' SET MESSAGE_TEXT = 'sqlfence: a lane may not be deleted: its fencing tokens would start again at 1';
@@ -339,7 +310,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}config (
     CONSTRAINT {{prefix}}config_version_nonneg CHECK (config_version >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TRIGGER {{prefix}}config_update_v3
+CREATE TRIGGER {{prefix}}config_update_v1
 BEFORE UPDATE ON {{prefix}}config FOR EACH ROW
 BEGIN
     IF BINARY NEW.scope <> BINARY OLD.scope OR NEW.config_version < OLD.config_version THEN
@@ -347,7 +318,7 @@ BEGIN
     END IF;
 END;
 
-CREATE TRIGGER {{prefix}}config_delete_v3
+CREATE TRIGGER {{prefix}}config_delete_v1
 BEFORE DELETE ON {{prefix}}config FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not be deleted';

@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later, version 6.
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 1.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default
 -- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
@@ -52,11 +52,6 @@ CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
     scope TEXT   PRIMARY KEY,
     value BIGINT NOT NULL CHECK (value >= 0)
 );
-
--- Seed the marks of a database made by an older version.
-INSERT INTO {{prefix}}high_water (scope, value)
-SELECT 'lease/' || name, fencing_token FROM {{prefix}}lease
-ON CONFLICT (scope) DO NOTHING;
 
 CREATE OR REPLACE FUNCTION {{prefix}}high_water_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $guard$
@@ -122,8 +117,8 @@ BEGIN
         END IF;
     END IF;
     SELECT value INTO mark FROM {{prefix}}high_water WHERE scope = 'lease/' || NEW.name;
-    -- An INSERT ... ON CONFLICT proposing a row that exists is checked by the
-    -- UPDATE it turns into, so nodes of an older version can still acquire.
+    -- An INSERT ... ON CONFLICT proposing a row that exists (the acquire
+    -- function's) is checked by the UPDATE it turns into.
     IF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM {{prefix}}lease WHERE name = NEW.name) THEN
         RETURN NEW;
     END IF;
@@ -303,15 +298,13 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
     PRIMARY KEY (scope, lane)
 );
 
--- Version 7: what a claim and a keeper's heartbeat count reads only the
+-- What a claim and a keeper's heartbeat count reads only the
 -- lanes held now or within the fair share's window, however many keys
 -- the scope ever used (rows are never deleted): an instance's unexpired
 -- lanes, and the lanes renewed or released since a moment.
 CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_holding ON {{prefix}}lanes (scope, instance, expires_at);
 
 CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope, renewed_at);
-
-DROP INDEX IF EXISTS {{prefix}}lanes_by_instance;
 
 -- A lane's token never goes back and is never granted twice: refuse lowering
 -- it, renaming, deleting or truncating a lane row, and a token below the

@@ -22,10 +22,9 @@ FROM {{prefix}}acquire($1, $2, $3, $4, $5);
 -- heartbeat that an attempt carries, and the lease row as leader reads it.
 -- It never grants (the follower attempts when the row is free or expired),
 -- so it commits without waiting for its WAL flush, like a refused attempt,
--- and costs the server about half what the acquire statement did when it
--- was planned at each call (before schema version 4; through a transaction
--- pooler pgx parses and plans every statement at each call, though the
--- acquire function then plans only its own call).
+-- and costs the server about half what an attempt planned at each call
+-- does (through a transaction pooler pgx parses and plans every statement
+-- at each call; the acquire function then plans only its own call).
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
            set_config('synchronous_commit', 'off', true) AS async

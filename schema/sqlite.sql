@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for SQLite 3.42 or later, version 3.
+-- sqlfence/cluster schema for SQLite 3.42 or later, version 1.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_").
 -- Times are unix milliseconds by the clock of the host that writes them.
 -- A statement ends at a line that starts in column 0 and ends with ";".
@@ -46,11 +46,6 @@ CREATE TABLE IF NOT EXISTS {{prefix}}high_water (
     value INTEGER NOT NULL CHECK (value >= 0)
 );
 
--- Seed the marks of a database made by an older version.
-INSERT INTO {{prefix}}high_water (scope, value)
-SELECT 'lease/' || name, fencing_token FROM {{prefix}}lease
-WHERE NOT EXISTS (SELECT 1 FROM {{prefix}}high_water WHERE scope = 'lease/' || name);
-
 DROP TRIGGER IF EXISTS {{prefix}}high_water_insert;
 
 CREATE TRIGGER {{prefix}}high_water_insert
@@ -80,7 +75,7 @@ END;
 -- Fencing tokens must never go back or be granted twice. An insert (a
 -- first grant, or a REPLACE, which skips the delete guard) must propose a
 -- token above every token granted: REPLACE at the current token would
--- hand the term to another holder under it (version 7: SF009).
+-- hand the term to another holder under it (SF009).
 DROP TRIGGER IF EXISTS {{prefix}}lease_guard_insert;
 
 CREATE TRIGGER {{prefix}}lease_guard_insert
@@ -267,15 +262,13 @@ CREATE TABLE IF NOT EXISTS {{prefix}}lanes (
     PRIMARY KEY (scope, lane)
 );
 
--- Version 7: what a claim and a keeper's heartbeat count reads only the
+-- What a claim and a keeper's heartbeat count reads only the
 -- lanes held now or within the fair share's window, however many keys
 -- the scope ever used (rows are never deleted): an instance's unexpired
 -- lanes, and the lanes renewed or released since a moment.
 CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_holding ON {{prefix}}lanes (scope, instance, expires_at);
 
 CREATE INDEX IF NOT EXISTS {{prefix}}lanes_by_renewal ON {{prefix}}lanes (scope, renewed_at);
-
-DROP INDEX IF EXISTS {{prefix}}lanes_by_instance;
 
 -- REPLACE skips the delete guard: the insert guard requires a claimed
 -- token above the lane's high-water mark (at the mark: SF009).
