@@ -67,19 +67,19 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members      MemberStore    // nil when the provider keeps no membership
-	wake         chan struct{}  // a release was heard: try now
-	fenceStmt    *preparedFence // Fence's read, prepared; nil when not (fence.go)
-	stopWatch    func()         // ends the watch of releases (wake.go); nil when none runs
-	hearing      atomic.Bool    // releases by other processes are heard (LISTEN)
-	heartbeating atomic.Bool    // the heartbeat (or a follower's watch) runs
-	joined       atomic.Bool    // this node's membership row was recorded and the node has not left
-	joins        atomic.Uint64  // successful joins of the membership row (a row taken over is joined again)
-	haltedFlag   atomic.Bool    // halted is set; readable from any goroutine
-	steps        int            // heartbeat steps, for the membership refresh; heartbeat goroutine only
-	rowChecked   atomic.Int64   // mono() of the last join or check that the membership row is this node's
-	mustJoin     atomic.Bool    // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
-	joining      atomic.Bool    // a membership refresh or join runs (memberLater, joinNow: one at a time)
+	members      MemberStore   // nil when the provider keeps no membership
+	wake         chan struct{} // a release was heard: try now
+	own          *DBProvider   // the provider New built over Config.DB, closed by Shutdown; nil for Config.Provider
+	stopWatch    func()        // ends the watch of releases (wake.go); nil when none runs
+	hearing      atomic.Bool   // releases by other processes are heard (LISTEN)
+	heartbeating atomic.Bool   // the heartbeat (or a follower's watch) runs
+	joined       atomic.Bool   // this node's membership row was recorded and the node has not left
+	joins        atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
+	haltedFlag   atomic.Bool   // halted is set; readable from any goroutine
+	steps        int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	rowChecked   atomic.Int64  // mono() of the last join or check that the membership row is this node's
+	mustJoin     atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
+	joining      atomic.Bool   // a membership refresh or join runs (memberLater, joinNow: one at a time)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -227,7 +227,8 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.errDown = fmt.Errorf("%w: node %q", ErrShutdown, cfg.NodeID)
 	c.errDownFence = fmt.Errorf("%w: node %q, so its fencing token is stale (%w)", ErrShutdown, cfg.NodeID, ErrStaleFencingToken)
 	if c.provider == nil {
-		c.provider = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+		c.own = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
+		c.provider = c.own
 	}
 	c.fencer, _ = c.provider.(Fencer)
 	c.chains, _ = c.provider.(ChainStore)
@@ -251,9 +252,6 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
 		}
 	}
-	if p, ok := c.provider.(*DBProvider); ok {
-		c.fenceStmt = p.prepareFence(ctx, cfg.LeaseTTL)
-	}
 	c.events = newDispatcher(c.log)
 	c.events.subscribe(cfg.OnTransition)
 	if created != nil {
@@ -264,8 +262,8 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	c.cancel = cancel
 	fail := func(err error) (*Cluster, error) {
 		c.stopped = true
-		if c.fenceStmt != nil {
-			c.fenceStmt.close()
+		if c.own != nil {
+			c.own.Close()
 		}
 		cancel()
 		c.stopWatching()
@@ -549,8 +547,8 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 	}
 	c.stopKeeper(ctx) // releases this node's lanes (lanes.go)
 	c.leave(ctx)
-	if c.fenceStmt != nil {
-		c.fenceStmt.close()
+	if c.own != nil {
+		c.own.Close()
 	}
 	c.events.close()
 	if !waitHandlers {

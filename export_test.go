@@ -34,17 +34,25 @@ func LocalWatchers(p *DBProvider, name string) int {
 	return len(p.watchers.m[name])
 }
 
-// FenceQuery returns the text of c's prepared fence read, "" when it has
-// none.
+// FenceQuery returns the text of the fence read that the provider c built
+// over Config.DB prepared for c's LeaseTTL (from c's first Fence on),
+// waiting for a preparation under way; "" when it has none.
 func FenceQuery(c *Cluster) string {
-	if c.fenceStmt == nil {
+	if c.own == nil {
 		return ""
 	}
-	d := c.provider.(*DBProvider).d.(interface {
+	c.own.preparing.Wait()
+	c.own.fenceMu.Lock()
+	defer c.own.fenceMu.Unlock()
+	f := c.own.fences[c.cfg.LeaseTTL]
+	if f == nil {
+		return ""
+	}
+	d := c.own.d.(interface {
 		fenceQuery(ttl, limit time.Duration) string
 	})
 	q := d.fenceQuery(c.cfg.LeaseTTL, c.cfg.LeaseTTL) // the text of a context without a deadline
-	if c.fenceStmt.stmts[q] == nil {
+	if f.stmts[q] == nil {
 		return ""
 	}
 	return q

@@ -60,14 +60,15 @@ var (
 // no wait for the client is unbounded while it is held; none of its own
 // with pgx's clusterpgx.BeginFenced, which sends it with the BEGIN). On
 // SQLite and MySQL, in a transaction of the *sql.DB the Cluster was given
-// (Config.DB), the read runs through a statement New prepared, which
-// spares SQLite parsing it and go-sql-driver/mysql a prepare round trip
-// per call. On MySQL the read's time limit follows ctx's deadline: nine
-// tenths of what is left, when that is under LeaseTTL, rounded down to a
-// power of two milliseconds (New prepares one statement per limit from 64
-// ms to about 33 s and one for LeaseTTL; a fence with another limit sends
-// the text). While a fenced transaction is open the
-// lease row cannot be renewed or acquired, so keep fenced transactions
+// (Config.DB), the read runs through a statement the provider prepared at
+// its first Fence, which spares SQLite parsing it and go-sql-driver/mysql
+// a prepare round trip per call. On MySQL the read's time limit follows
+// ctx's deadline: nine tenths of what is left, when that is under
+// LeaseTTL, rounded down to a power of two milliseconds (the provider
+// prepares one statement per limit from 64 ms to about 33 s and one for
+// LeaseTTL; a fence with another limit sends the text). While a fenced
+// transaction is open the lease row cannot be renewed or acquired, so
+// keep fenced transactions
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a
 // client that vanishes mid-transaction blocks a takeover for about one
@@ -87,17 +88,12 @@ func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
 	if err := c.checkTx("Fence", tx); err != nil {
 		return 0, err
 	}
-	if f := c.fenceStmt; f != nil {
-		if t, ok := tx.(*sql.Tx); ok {
-			return c.FenceWith(ctx, preparedQuerier{sqlQuerier{tx}, t, f})
-		}
-	}
 	return c.FenceWith(ctx, sqlQuerier{tx})
 }
 
 // A preparedFence is the fence's locked read, prepared once on the
-// provider's *sql.DB (SQLite and MySQL: Cluster.New prepares it; pgx caches
-// PostgreSQL's statements itself). Parsing it was two fifths of a fence's
+// provider's *sql.DB (SQLite and MySQL: the provider prepares it at its
+// first Fence for a TTL; pgx caches PostgreSQL's statements itself). Parsing it was two fifths of a fence's
 // cost on SQLite, and go-sql-driver/mysql prepares, runs and closes a
 // statement with arguments in two round trips unless the DSN sets
 // interpolateParams=true; prepared, it is one on every connection that ran
@@ -112,7 +108,7 @@ type preparedFence struct {
 }
 
 // minPreparedFenceLimit and maxPreparedFenceLimit bound the time limits
-// of the fence reads New prepares, besides the TTL's: a fence with less
+// of the fence reads the provider prepares, besides the TTL's: a fence with less
 // time left is rare, and one with more, shorter than the TTL, too (a
 // request's deadline is seconds).
 const (
@@ -141,15 +137,10 @@ func fenceLimit(ctx context.Context, ttl time.Duration) time.Duration {
 	return time.Duration(1<<(bits.Len64(uint64(ms))-1)) * time.Millisecond
 }
 
-// prepareFence prepares p's fence read for leases of ttl on its *sql.DB,
-// for every limit fenceLimit gives from minPreparedFenceLimit up, or
-// returns nil: on PostgreSQL, over another Pool, or when preparing fails
-// (Fence then sends the text, as before).
-func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *preparedFence {
-	sp, ok := p.pool.(sqlPool)
-	if !ok || p.d.name() == Postgres {
-		return nil
-	}
+// prepareFence prepares p's fence read for leases of ttl on db, for every
+// limit fenceLimit gives from minPreparedFenceLimit up, or returns nil
+// when preparing fails (Fence then sends the text).
+func (p *DBProvider) prepareFence(ctx context.Context, db *sql.DB, ttl time.Duration) *preparedFence {
 	d, ok := p.d.(interface {
 		fenceQuery(ttl, limit time.Duration) string
 	})
@@ -166,7 +157,7 @@ func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *prepa
 		if f.stmts[q] != nil {
 			continue // SQLite's read has no time limit: one text
 		}
-		stmt, err := sp.db.PrepareContext(ctx, q)
+		stmt, err := db.PrepareContext(ctx, q)
 		if err != nil {
 			f.close()
 			p.log.InfoContext(ctx, "cluster: preparing the fence's read failed; Fence sends its text each time, a little slower", "err", err)
@@ -175,6 +166,75 @@ func (p *DBProvider) prepareFence(ctx context.Context, ttl time.Duration) *prepa
 		f.stmts[q] = stmt
 	}
 	return f
+}
+
+// preparedFor returns p's fence reads for leases of ttl, or nil while
+// there are none: on PostgreSQL (pgx caches its statements), over another
+// Pool, once p is closed, while they are being prepared, or when that
+// failed. The first call for a TTL starts preparing them on a goroutine of
+// p's own (Close waits for it), never in the caller's: a fence runs in a
+// transaction that holds a connection, and preparing needs another, which
+// a small pool may not have until the transaction ends. Meanwhile fences
+// send the text, as they always may.
+func (p *DBProvider) preparedFor(ttl time.Duration) *preparedFence {
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
+	if f, ok := p.fences[ttl]; ok || p.closed {
+		return f
+	}
+	if p.fences == nil {
+		p.fences = map[time.Duration]*preparedFence{}
+		p.prepCtx, p.prepCancel = context.WithCancel(context.Background())
+	}
+	p.fences[ttl] = nil // being prepared
+	sp, ok := p.pool.(sqlPool)
+	if !ok || p.d.name() == Postgres {
+		return nil
+	}
+	p.preparing.Add(1)
+	go func() {
+		defer p.preparing.Done()
+		ctx, cancel := context.WithTimeout(p.prepCtx, prepareFenceWithin)
+		defer cancel()
+		f := p.prepareFence(ctx, sp.db, ttl)
+		p.fenceMu.Lock()
+		defer p.fenceMu.Unlock()
+		if p.closed {
+			if f != nil {
+				f.close()
+			}
+			return
+		}
+		p.fences[ttl] = f
+	}()
+	return nil
+}
+
+// prepareFenceWithin bounds the preparation of the fence's reads.
+const prepareFenceWithin = 10 * time.Second
+
+// Close closes the statements p prepared (the fence's reads on MySQL and
+// SQLite, over a *sql.DB), waiting for a preparation under way; it does
+// not close the pool, and p keeps working, sending the statements' text. A
+// Cluster closes the provider it built over [Config.DB] at Shutdown; close
+// one you built yourself once no Cluster uses it.
+func (p *DBProvider) Close() error {
+	p.fenceMu.Lock()
+	p.closed = true
+	if p.prepCancel != nil {
+		p.prepCancel()
+	}
+	p.fenceMu.Unlock()
+	p.preparing.Wait()
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
+	for _, f := range p.fences {
+		if f != nil {
+			f.close()
+		}
+	}
+	p.fences = nil
+	return nil
 }
 
 // close closes f's statements; a transaction fenced meanwhile keeps its
@@ -259,9 +319,9 @@ func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 }
 
 // errNilTx reports a call given no transaction (a nil one, or a nil
-// pointer of a type that would be one). The default provider checks, as
-// it is what would dereference it; another provider (providertest's
-// Memory) may need no transaction at all.
+// pointer of a type that would be one). The Cluster checks before it
+// calls its provider, and the default provider checks again, as it is
+// what would dereference it when called directly.
 func errNilTx(call string, tx any) error {
 	switch q := tx.(type) {
 	case sqlQuerier:
@@ -276,19 +336,11 @@ func errNilTx(call string, tx any) error {
 	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", ErrInvalidConfig, call, given)
 }
 
-// needsTx is the mark of a provider whose transactional calls (Fence,
-// lane claims, tips) run statements in the caller's transaction: for it a
-// nil one is refused before anything else happens. *DBProvider has it, and
-// so does a provider that embeds it; providertest's Memory does not, and
-// takes nil.
-type needsTx interface{ needsTx() }
-
-func (p *DBProvider) needsTx() {}
-
-// checkTx refuses a nil tx for call when c's provider needs one, before
-// the call changes anything or asks whether this node leads.
+// checkTx refuses a nil tx for call, before the call changes anything or
+// asks whether this node leads: every transactional call (Fence, lane
+// claims, tips) works in the caller's transaction, whatever the provider.
 func (c *Cluster) checkTx(call string, tx any) error {
-	if _, ok := c.provider.(needsTx); ok && isNil(tx) {
+	if isNil(tx) {
 		return errNilTx(call, tx)
 	}
 	return nil
@@ -317,7 +369,7 @@ func isNil(v any) bool {
 // errNoCapability reports a call that needs a capability the provider
 // lacks.
 func (c *Cluster) errNoCapability(call, capability string) error {
-	return fmt.Errorf("%w: %s needs a provider that implements cluster.%s; %T does not (embed *cluster.DBProvider to keep every capability)",
+	return fmt.Errorf("%w: %s needs a provider that implements cluster.%s; %T does not (a wrapper keeps every capability of *cluster.DBProvider by embedding it or by delegating each method)",
 		ErrInvalidConfig, call, capability, c.provider)
 }
 

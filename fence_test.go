@@ -348,13 +348,21 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 		}
 	}
 
-	// Fence in a transaction of a.db runs the read New prepared
-	// (server-side). MariaDB must decide its condition on the session's
+	// Fence in a transaction of a.db runs the read the provider prepared
+	// at the first Fence (server-side). MariaDB must decide its condition on the session's
 	// limit at each run, not when the statement was prepared: on a session
 	// without the limit the prepared read returns no row and locks nothing.
+	warm, err := a.db.BeginTx(ctx, nil) // the first Fence in a transaction of a.db prepares the reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Fence(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	warm.Rollback()
 	q := cluster.FenceQuery(a.Cluster)
 	if q == "" {
-		t.Fatal("New prepared no fence read")
+		t.Fatal("the provider prepared no fence read")
 	}
 	stmt, err := conn.PrepareContext(ctx, q) // go-sql-driver/mysql prepares on the server, interpolateParams or not
 	if err != nil {
@@ -487,7 +495,7 @@ func refusedAcquireDoesNotWaitForFence(t *testing.T, tg testdb.Target) {
 }
 
 // On SQLite and MySQL, Fence in a transaction of the node's *sql.DB runs
-// its read through a statement New prepared: on MySQL one round trip on a
+// its read through a statement the provider prepared at the first Fence: on MySQL one round trip on a
 // connection that ran it before, where go-sql-driver/mysql otherwise
 // prepares, runs and closes it (two), unless the DSN interpolates. A
 // transaction of another *sql.DB on the same database is fenced all the
@@ -517,8 +525,19 @@ func TestFencePreparesItsReadOnce(t *testing.T) {
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
+		// The provider prepares the reads at its first Fence, on a
+		// goroutine of its own (the fence's transaction holds a
+		// connection): wait for that.
+		warm, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Fence(ctx, warm); err != nil {
+			t.Fatal(err)
+		}
+		warm.Rollback()
 		if cluster.FenceQuery(a.Cluster) == "" {
-			t.Fatal("New prepared no fence read")
+			t.Fatal("the provider prepared no fence read at a's first Fence")
 		}
 		// Every transaction on one connection of db (a's renews take
 		// others).

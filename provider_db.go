@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -28,9 +29,11 @@ var schemaFS embed.FS
 // DBProvider is the default [Provider]: one row per lease in the table
 // <prefix>lease of a PostgreSQL, MySQL/MariaDB or SQLite database. It
 // also implements every optional capability ([Fencer], [ChainStore],
-// [StateStore], [InstanceReleaser], [Initializer], [LaneStore],
-// [ConfigStore]), so a type that embeds a *DBProvider to add metrics or
-// tracing keeps them all.
+// [StateStore], [InstanceReleaser], [Initializer], [SchemaChecker],
+// [MemberStore], [LaneStore], [ConfigStore], [ReleaseWatcher]), and a
+// node reaches it only through those interfaces: a type that wraps a
+// *DBProvider to add metrics or tracing keeps them all, whether it embeds
+// it or delegates each method.
 //
 // [New] builds one over [Config.DB] when [Config.Provider] is nil. Build
 // one yourself with [NewDBProvider] (database/sql), clusterpgx.NewProvider
@@ -58,6 +61,15 @@ type DBProvider struct {
 	// watchers are the nodes that watch releases through this provider
 	// (wake.go).
 	watchers watchers
+	// fences are the fence's reads prepared on the pool's *sql.DB, by
+	// TTL (nil values: not prepared, or not yet), until Close; see
+	// preparedFor, whose goroutines preparing counts and prepCancel stops.
+	fenceMu    sync.Mutex
+	fences     map[time.Duration]*preparedFence
+	closed     bool
+	prepCtx    context.Context
+	prepCancel context.CancelFunc
+	preparing  sync.WaitGroup
 }
 
 const (
@@ -93,8 +105,8 @@ type Pool interface {
 // one row per lease in the table <tablePrefix>lease, created or upgraded
 // by its Init method (which [New] calls). An empty dialect is detected
 // from db's driver; an empty tablePrefix means "cluster_". Embed the
-// result in a type of your own to wrap it (metrics, tracing): every
-// capability stays.
+// result in a type of your own, or delegate to it, to wrap it (metrics,
+// tracing): every capability stays.
 func NewDBProvider(db *sql.DB, dialect Dialect, tablePrefix string) (*DBProvider, error) {
 	cfg, err := Config{NodeID: "-", DB: db, Dialect: dialect, TablePrefix: tablePrefix}.resolve()
 	if err != nil {
@@ -496,6 +508,13 @@ func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error
 func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error {
 	if isNil(tx) {
 		return errNilTx("Fence", tx)
+	}
+	if q, ok := tx.(sqlQuerier); ok {
+		if t, ok := q.h.(*sql.Tx); ok {
+			if f := p.preparedFor(ttl); f != nil {
+				tx = preparedQuerier{q, t, f}
+			}
+		}
 	}
 	r, err := p.d.fence(ctx, tx, l.Name, ttl, fenceLimit(ctx, ttl))
 	if errors.Is(err, sql.ErrNoRows) {
