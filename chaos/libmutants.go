@@ -105,7 +105,7 @@ var libMutants = []libMutant{
 		File:  "schema/postgres_queries.sql",
 		Old:   "UPDATE {{prefix}}lease AS l\nSET renewed_at = c.now_ms, expires_at = c.now_ms + $1::bigint",
 		New:   "UPDATE {{prefix}}lease AS l\nSET renewed_at = c.now_ms, expires_at = l.renewed_at + $1::bigint",
-		Stack: "postgres", Faults: []string{faultPartition, faultPause}, Seed: 27,
+		Stack: "postgres", Faults: []string{faultPartition}, Seed: 27, Duration: 40 * time.Second,
 		Why: "PostgreSQL's renew counts the new expiry from the previous renew: the lease ends a heartbeat before the leader's trust allows for",
 	},
 	{
