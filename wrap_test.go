@@ -216,28 +216,7 @@ func testWrapped(t *testing.T, tg testdb.Target, wrap func(*cluster.DBProvider) 
 
 	t.Run("wake", func(t *testing.T) {
 		tg := testdb.New(t, tg.Dialect)
-		w := newWrapped(t, tg, wrap)
-		shared := func(c *cluster.Config) { c.DB, c.Provider = nil, w }
-		a := start(t, tg, "a", slow, shared)
-		attempts := make(chan struct{}, 16)
-		b := start(t, tg, "b", slow, shared, func(c *cluster.Config) {
-			c.Observer = func(o cluster.Operation) {
-				if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
-					select {
-					case attempts <- struct{}{}:
-					default:
-					}
-				}
-			}
-		})
-		if !a.IsLeader() {
-			t.Fatal("a does not lead")
-		}
-		<-attempts // b's next poll is a heartbeat (5s) away
-		if err := a.Resign(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, 3*time.Second, "b to take over through the wrapper when a resigned", b.IsLeader)
+		resignWakesSharer(t, tg, newWrapped(t, tg, wrap))
 	})
 
 	ctx := context.Background()
