@@ -76,17 +76,12 @@ func resolveChains(chains []Chain) ([]Chain, error) {
 // UPDATE cannot bypass them. Like [Cluster.Fence], it holds the lease row
 // until tx ends. With [Config.WitnessFile] it also records the tip in the
 // witness file (one more tip read and an fsync).
-func (c *Cluster) AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
-	if err := c.checkTx("AdvanceTip", tx); err != nil {
-		return err
+func (c *Cluster) AdvanceTip(ctx context.Context, tx Tx, chain string, counter uint64, rowHash []byte) error {
+	if c.isDefault() {
+		return stdAdvanceTip(ctx, tx, chain, counter, rowHash)
 	}
-	return c.AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
-}
-
-// AdvanceTipWith is [Cluster.AdvanceTip] for a transaction of any driver,
-// through a [Querier] (clusterpgx.AdvanceTip uses it for a pgx.Tx).
-func (c *Cluster) AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
-	if err := c.checkTx("AdvanceTipWith", tx); err != nil {
+	q, err := querierOf("AdvanceTip", tx)
+	if err != nil {
 		return err
 	}
 	if c.chains == nil {
@@ -110,16 +105,16 @@ func (c *Cluster) AdvanceTipWith(ctx context.Context, tx Querier, chain string, 
 	if c.cfg.WitnessFile != "" {
 		// The tip this transaction sees before writing is committed (or
 		// this transaction's own): the witness may count on it.
-		if before, had, err = c.chains.ReadTip(ctx, tx, chain); err != nil {
+		if before, had, err = c.chains.ReadTip(ctx, q, chain); err != nil {
 			return err
 		}
 	}
 	tip := ChainTip{Chain: chain, Lease: c.cfg.LeaseName, Counter: counter, Hash: rowHash, FencingToken: t.lease.FencingToken}
-	if err := c.chains.WriteTip(ctx, tx, tip); err != nil {
+	if err := c.chains.WriteTip(ctx, q, tip); err != nil {
 		return err
 	}
 	if c.cfg.WitnessFile != "" {
-		if err := c.witnessTip(tx, before, had, tip); err != nil {
+		if err := c.witnessTip(q, before, had, tip); err != nil {
 			return fmt.Errorf("cluster: advance tip of chain %q to %d: %w; roll the transaction back", chain, counter, err)
 		}
 	}

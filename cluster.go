@@ -319,7 +319,12 @@ func newInstanceID() string {
 //
 // IsLeader is an early check for routing and scheduling; only the database
 // can refuse a stale leader's write.
-func (c *Cluster) IsLeader() bool { return c.liveTerm() != nil }
+func (c *Cluster) IsLeader() bool {
+	if c == defaultCluster {
+		return IsLeader()
+	}
+	return c.liveTerm() != nil
+}
 
 // errShutdown is the one error every call returns after Shutdown.
 func (c *Cluster) errShutdown() error { return c.errDown }
@@ -348,6 +353,9 @@ func (c *Cluster) heldTerm() (*term, error) {
 // FencingToken returns the fencing token of the term this node leads in,
 // or 0 when [Cluster.IsLeader] is false.
 func (c *Cluster) FencingToken() uint64 {
+	if c.isDefault() {
+		return FencingToken()
+	}
 	if t := c.liveTerm(); t != nil {
 		return t.lease.FencingToken
 	}
@@ -357,6 +365,9 @@ func (c *Cluster) FencingToken() uint64 {
 // RequireLeader returns nil if this node leads, and otherwise an error that
 // wraps [ErrNotLeader] and carries HTTP status 503 (see [HTTPStatus]).
 func (c *Cluster) RequireLeader() error {
+	if c.isDefault() {
+		return RequireLeader()
+	}
 	if c.IsLeader() {
 		return nil
 	}
@@ -366,15 +377,47 @@ func (c *Cluster) RequireLeader() error {
 	return c.errNotLeader
 }
 
-// NodeID returns [Config.NodeID].
-func (c *Cluster) NodeID() string { return c.cfg.NodeID }
+// NodeID returns [Config.NodeID]. On [Default] it is [SingleNodeID] when
+// [Init] was never called, and after a failed Init the NodeID Init was
+// given, unless that NodeID was itself invalid.
+func (c *Cluster) NodeID() string {
+	if c.isDefault() {
+		return stdNodeID()
+	}
+	return c.cfg.NodeID
+}
 
-// Endpoint returns [Config.Endpoint].
-func (c *Cluster) Endpoint() string { return c.cfg.Endpoint }
+// Endpoint returns [Config.Endpoint]; on [Default], "" when no member is
+// running.
+func (c *Cluster) Endpoint() string {
+	if c.isDefault() {
+		return stdEndpoint()
+	}
+	return c.cfg.Endpoint
+}
+
+// Clustered reports whether c is a member of a cluster. A Cluster made by
+// [New] always is. On [Default] it is false until [Init] is called
+// (single-node mode, where the process is the only worker: the leader,
+// the owner of every lane, with a config version that never changes), and
+// true from the moment Init is called, whether Init succeeded, is still
+// running or failed, and after the member shut down. It says which mode
+// the process is in, not whether it leads or is healthy: use it to choose,
+// once, between single-node and clustered behaviour (for example whether a
+// reload bumps the config version). It does no I/O.
+func (c *Cluster) Clustered() bool {
+	if c.isDefault() {
+		return stdClustered()
+	}
+	return true
+}
 
 // CurrentLeader reads who holds the lease now. It returns nil and no error
 // when no node holds an unexpired lease. Concurrent calls share one read.
 func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
+	if c.isDefault() {
+		return stdCurrentLeader(ctx)
+	}
 	if c.down.Load() {
 		return nil, c.errDown
 	}
@@ -412,7 +455,13 @@ func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 // never the heartbeat; a handler that panics is logged and the next one
 // runs. A handler may call [Cluster.Shutdown], which then does not wait
 // for the handlers' goroutine. A nil f is ignored.
-func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
+func (c *Cluster) OnTransition(f func(Event)) {
+	if c.isDefault() {
+		stdOnTransition(f)
+		return
+	}
+	c.events.subscribe(f)
+}
 
 // Shutdown ends this node's term, waits for its leader work to return,
 // releases the lease if this node held it (first, before the rest of the
@@ -449,6 +498,9 @@ func (c *Cluster) OnTransition(f func(Event)) { c.events.subscribe(f) }
 // that very handler) gets nil at once, or the first call's result if it
 // has finished.
 func (c *Cluster) Shutdown(ctx context.Context) error {
+	if c.isDefault() {
+		return Shutdown(ctx)
+	}
 	onHandler := c.events.current()
 	c.shutMu.Lock()
 	done := c.shutDone

@@ -36,6 +36,9 @@ type configState struct {
 // them reads nothing and emits no config-version-changed event. It needs
 // a provider that implements [ConfigStore], as the default ones do.
 func (c *Cluster) ConfigVersion(ctx context.Context) (uint64, error) {
+	if c.isDefault() {
+		return stdConfigVersion(ctx)
+	}
 	store, ok := c.provider.(ConfigStore)
 	if !ok {
 		return 0, c.errNoCapability("ConfigVersion", "ConfigStore")
@@ -57,6 +60,9 @@ func (c *Cluster) ConfigVersion(ctx context.Context) (uint64, error) {
 // before the first read. The first call starts the reads; see
 // [Cluster.ConfigVersion].
 func (c *Cluster) ConfigVersionCached() uint64 {
+	if c.isDefault() {
+		return stdConfigVersionCached()
+	}
 	if !c.conf.watching.Load() {
 		c.watchConfig()
 	}
@@ -70,6 +76,9 @@ func (c *Cluster) ConfigVersionCached() uint64 {
 // watches the version emits config-version-changed within about a
 // heartbeat.
 func (c *Cluster) BumpConfigVersion(ctx context.Context) (uint64, error) {
+	if c.isDefault() {
+		return stdBumpConfigVersion(ctx)
+	}
 	store, ok := c.provider.(ConfigStore)
 	if !ok {
 		return 0, c.errNoCapability("BumpConfigVersion", "ConfigStore")

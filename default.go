@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,7 +61,10 @@ type stdState struct {
 	// c is the member: the running one, the one Init is creating once it
 	// exists, or, when down, the one Shutdown shut down.
 	c      *Cluster
-	nodeID string // reported by CurrentNodeID when c does not answer
+	nodeID string // reported by NodeID when c does not answer
+	// single marks the state Shutdown entered when Init was never called:
+	// the process was never a member, so Clustered stays false.
+	single bool
 
 	errNotLeader error  // returned by RequireLeader
 	errFence     error  // returned by Fence and AdvanceTip
@@ -142,7 +144,7 @@ func configuredNodeID(cfg Config) string {
 // Init makes this process a member of the cluster described by cfg, as
 // [New] does, and routes the package-level functions to it. Until Init is
 // called the process is a permanent single leader: [IsLeader] is true,
-// [FencingToken] is 0, [CurrentNodeID] is "single-node-local", and no
+// [FencingToken] is 0, Default().NodeID() is "single-node-local", and no
 // goroutine runs and no database is touched.
 //
 // Once Init is called the process is never a single leader again. While
@@ -248,7 +250,7 @@ func RequireLeader() error {
 	return s.errNotLeader
 }
 
-// Clustered reports whether this process was made a member of a cluster:
+// stdClustered reports whether this process was made a member of a cluster:
 // false until [Init] is called (single-node mode, where it is the only
 // worker: the leader, the owner of every lane, with a config version that
 // never changes), and true from the moment Init is called, whether it
@@ -258,12 +260,15 @@ func RequireLeader() error {
 // (for example whether a reload bumps the config version, or whether
 // recovery may assume no other node is working). It does no I/O. A
 // [*Cluster] made by [New] is always a member of a cluster.
-func Clustered() bool { return std.state.Load() != nil }
+func stdClustered() bool {
+	s := std.state.Load()
+	return s != nil && !s.single
+}
 
-// CurrentNodeID returns this process's node ID, or "single-node-local"
+// stdNodeID returns this process's node ID, or "single-node-local"
 // when [Init] was never called. After a failed Init it returns the NodeID
 // Init was given, unless that NodeID was itself invalid.
-func CurrentNodeID() string {
+func stdNodeID() string {
 	s := std.state.Load()
 	if s == nil {
 		return SingleNodeID
@@ -274,9 +279,9 @@ func CurrentNodeID() string {
 	return s.nodeID
 }
 
-// Endpoint returns this process's configured endpoint, or "" when none was
+// stdEndpoint returns this process's configured endpoint, or "" when none was
 // configured or no member is running.
-func Endpoint() string {
+func stdEndpoint() string {
 	if s := std.state.Load(); s != nil {
 		if c := s.member(); c != nil {
 			return c.Endpoint()
@@ -285,11 +290,11 @@ func Endpoint() string {
 	return ""
 }
 
-// CurrentLeader reads who leads; see [Cluster.CurrentLeader]. When [Init]
+// stdCurrentLeader reads who leads; see [Cluster.CurrentLeader]. When [Init]
 // was never called it returns this process as a leader whose lease never
 // expires (a zero LeaseExpiresAt). After a failed Init it returns an error
 // wrapping Init's, and after [Shutdown] [ErrShutdown].
-func CurrentLeader(ctx context.Context) (*Leader, error) {
+func stdCurrentLeader(ctx context.Context) (*Leader, error) {
 	s := std.state.Load()
 	if s == nil {
 		return &Leader{NodeID: SingleNodeID}, nil
@@ -300,12 +305,12 @@ func CurrentLeader(ctx context.Context) (*Leader, error) {
 	return nil, s.errLeader
 }
 
-// OnTransition registers f with the default instance; see
+// stdOnTransition registers f with the default instance; see
 // [Cluster.OnTransition]. Handlers registered before [Init], or after one
 // failed, are attached to the member Init creates before it emits any
 // event. In single-node mode no transition ever happens; after [Shutdown]
 // none will.
-func OnTransition(f func(Event)) {
+func stdOnTransition(f func(Event)) {
 	if f == nil {
 		return
 	}
@@ -339,7 +344,9 @@ func Shutdown(ctx context.Context) error {
 	var c *Cluster
 	switch {
 	case s == nil:
-		setState(downState(SingleNodeID, nil))
+		d := downState(SingleNodeID, nil)
+		d.single = true
+		setState(d)
 	case s.kind == stdDown:
 		c = s.c
 	case s.kind == stdRunning:
@@ -399,65 +406,42 @@ func DiscoveryHandler() http.Handler {
 	})
 }
 
-// Fence fences tx with the default instance and returns the token it
-// verified; see [Cluster.Fence]. When [Init] was never called the process
-// is the only writer and Fence returns 0 and nil without touching tx;
-// while Init runs, after it failed and after [Shutdown] it returns an
-// error wrapping [ErrStaleFencingToken] (and Init's error, after a failed
-// Init).
-func Fence(ctx context.Context, tx DBTX) (uint64, error) {
-	if s := std.state.Load(); s != nil {
-		if c := s.member(); c != nil {
-			return c.Fence(ctx, tx) // its prepared read, where it has one
-		}
+// stdFence is Fence on the default instance: when Init was never called
+// the process is the only writer and it returns 0 without touching tx;
+// while Init runs, after it failed and after Shutdown it returns an error
+// wrapping ErrStaleFencingToken (and Init's error, after a failed Init).
+func stdFence(ctx context.Context, tx Tx) (uint64, error) {
+	if _, err := querierOf("Fence", tx); err != nil {
+		return 0, err
 	}
-	return FenceWith(ctx, sqlQuerier{tx})
-}
-
-// BeginFenced begins a transaction on db and fences it with the default
-// instance; see [Cluster.BeginFenced]. When [Init] was never called it
-// begins the transaction and returns token 0; while Init runs, after it
-// failed and after [Shutdown] it returns the error [Fence] would, with no
-// transaction left open.
-func BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
-	return beginFenced(ctx, db, opts, nil)
-}
-
-// FenceWith is [Fence] for a transaction of any driver; see
-// [Cluster.FenceWith].
-func FenceWith(ctx context.Context, tx Querier) (uint64, error) {
 	s := std.state.Load()
 	if s == nil {
 		return 0, nil
 	}
 	if c := s.member(); c != nil {
-		return c.FenceWith(ctx, tx)
+		return c.Fence(ctx, tx)
 	}
 	return 0, s.errFence
 }
 
-// AdvanceTip records a chain tip with the default instance; see
-// [Cluster.AdvanceTip]. Before [Init] there is no chain to advance; while
-// Init runs, after it failed and after [Shutdown] it returns the error
-// [Fence] would.
-func AdvanceTip(ctx context.Context, tx DBTX, chain string, counter uint64, rowHash []byte) error {
-	return AdvanceTipWith(ctx, sqlQuerier{tx}, chain, counter, rowHash)
-}
-
-// AdvanceTipWith is [AdvanceTip] for a transaction of any driver; see
-// [Cluster.AdvanceTipWith].
-func AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint64, rowHash []byte) error {
+// stdAdvanceTip is AdvanceTip on the default instance: before Init there
+// is no chain to advance; while Init runs, after it failed and after
+// Shutdown it returns the error Fence would.
+func stdAdvanceTip(ctx context.Context, tx Tx, chain string, counter uint64, rowHash []byte) error {
+	if _, err := querierOf("AdvanceTip", tx); err != nil {
+		return err
+	}
 	s := std.state.Load()
 	if s == nil {
 		return fmt.Errorf("%w: chain %q: call Init with Config.Chains before AdvanceTip", ErrInvalidConfig, chain)
 	}
 	if c := s.member(); c != nil {
-		return c.AdvanceTipWith(ctx, tx, chain, counter, rowHash)
+		return c.AdvanceTip(ctx, tx, chain, counter, rowHash)
 	}
 	return s.errFence
 }
 
-// RunWhileLeader runs leader-only work with the default instance; see
+// stdRunWhileLeader runs leader-only work with the default instance; see
 // [Cluster.RunWhileLeader]. When [Init] was never called the process is
 // the leader for good: fn runs once with token 0, and its context is
 // cancelled when ctx is done, when Init is called (which waits for fn,
@@ -465,7 +449,7 @@ func AdvanceTipWith(ctx context.Context, tx Querier, chain string, counter uint6
 // waits for it likewise). While Init runs, and after it failed, fn does
 // not run: RunWhileLeader waits for an Init to succeed. After Shutdown it
 // returns an error wrapping [ErrShutdown].
-func RunWhileLeader(ctx context.Context, fn func(ctx context.Context, token uint64) error) error {
+func stdRunWhileLeader(ctx context.Context, fn func(ctx context.Context, token uint64) error) error {
 	if fn == nil {
 		return fmt.Errorf("%w: RunWhileLeader needs a non-nil fn", ErrInvalidConfig)
 	}
@@ -531,11 +515,11 @@ func waitSingle(ctx context.Context, what string) {
 	}
 }
 
-// Resign ends the default instance's term; see [Cluster.Resign]. When
+// stdResign ends the default instance's term; see [Cluster.Resign]. When
 // [Init] was never called, while Init runs and after it failed it does
 // nothing and returns nil (a single node cannot step down: there is no
 // other); after [Shutdown] it returns an error wrapping [ErrShutdown].
-func Resign(ctx context.Context) error {
+func stdResign(ctx context.Context) error {
 	s := std.state.Load()
 	switch {
 	case s == nil:
@@ -548,11 +532,11 @@ func Resign(ctx context.Context) error {
 	return nil
 }
 
-// HealthHandler returns the default instance's liveness handler; see
+// stdHealthHandler returns the default instance's liveness handler; see
 // [Cluster.HealthHandler]. It may be mounted before [Init]: when Init was
 // never called it answers 200 for the single node; while Init runs, after
 // it failed and after [Shutdown] it answers 503 with the state as reason.
-func HealthHandler() http.Handler {
+func stdHealthHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := std.state.Load()
 		if c := memberOf(s); c != nil {
@@ -570,10 +554,10 @@ func HealthHandler() http.Handler {
 	})
 }
 
-// LeaderCheckHandler returns the default instance's leader check; see
+// stdLeaderCheckHandler returns the default instance's leader check; see
 // [Cluster.LeaderCheckHandler]. When [Init] was never called the single
 // node leads (200, token 0).
-func LeaderCheckHandler() http.Handler {
+func stdLeaderCheckHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !probeMethod(w, r) {
 			return
@@ -588,10 +572,10 @@ func LeaderCheckHandler() http.Handler {
 	})
 }
 
-// RequireLeaderMiddleware gates next on the default instance's leadership;
+// stdRequireLeaderMiddleware gates next on the default instance's leadership;
 // see [Cluster.RequireLeaderMiddleware]. When [Init] was never called
 // every request passes.
-func RequireLeaderMiddleware(next http.Handler) http.Handler {
+func stdRequireLeaderMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := std.state.Load()
 		if c := memberOf(s); c != nil {
@@ -607,11 +591,11 @@ func RequireLeaderMiddleware(next http.Handler) http.Handler {
 	})
 }
 
-// Members lists the members of the default instance's cluster; see
+// stdMembers lists the members of the default instance's cluster; see
 // [Cluster.Members]. When [Init] was never called it returns the single
 // node; while Init runs, after it failed and after [Shutdown] it returns
 // the error CurrentLeader would.
-func Members(ctx context.Context) ([]Member, error) {
+func stdMembers(ctx context.Context) ([]Member, error) {
 	s := std.state.Load()
 	if s == nil {
 		host, _ := os.Hostname()
@@ -623,8 +607,8 @@ func Members(ctx context.Context) ([]Member, error) {
 	return nil, s.errLeader
 }
 
-// MembersHandler serves [Members] as JSON; see [Cluster.MembersHandler].
-func MembersHandler() http.Handler {
+// stdMembersHandler serves stdMembers as JSON; see [Cluster.MembersHandler].
+func stdMembersHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := std.state.Load()
 		if c := memberOf(s); c != nil {
@@ -634,7 +618,7 @@ func MembersHandler() http.Handler {
 		if !probeMethod(w, r) {
 			return
 		}
-		ms, err := Members(r.Context())
+		ms, err := stdMembers(r.Context())
 		if err != nil {
 			writeJSON(w, r, http.StatusServiceUnavailable, map[string]string{"error": "membership lookup failed"})
 			return
@@ -653,17 +637,44 @@ func memberOf(s *stdState) *Cluster {
 	return s.member()
 }
 
-// Default returns the member [Init] created, for the calls that take a
-// *Cluster (clusterpgx.Fence, clusterprom's Watch), or nil when Init was
-// never called, has not returned, or failed. After [Shutdown] it returns
-// the member that was shut down.
-func Default() *Cluster {
+// Default returns the default instance: the *Cluster that [Init] makes a
+// member of a cluster and that the package-level functions act on. It
+// always returns the same *Cluster, so it may be kept from before Init.
+//
+// Its methods act on the member Init created, and otherwise:
+//   - when Init was never called, they answer as the permanent single
+//     leader and touch no database: IsLeader is true, Fence and ClaimLane
+//     return token 0 without touching tx, every lane is this process's,
+//     RunWhileLeader runs its function with token 0, the config version is
+//     0, Members lists this process, and the handlers answer 200;
+//   - while Init runs, after it failed, and after [Shutdown], they fail
+//     closed: IsLeader is false, the errors wrap [ErrNotLeader] or
+//     [ErrStaleFencingToken] (and Init's error, or [ErrShutdown]), and
+//     the handlers answer 503. Handlers registered with OnTransition
+//     before Init, or after one failed, are attached to the member Init
+//     creates before it emits any event.
+//
+// Default().Shutdown is [Shutdown], and Default().Clustered reports
+// whether Init was ever called.
+func Default() *Cluster { return defaultCluster }
+
+// defaultCluster is the Cluster Default returns. It holds no state of its
+// own: each exported method begins by asking isDefault and then answers
+// from the default instance's state (std).
+var defaultCluster = new(Cluster)
+
+// isDefault reports whether c is the default instance.
+func (c *Cluster) isDefault() bool { return c == defaultCluster }
+
+// stdStats is Stats on the default instance: the member's, or, when Init
+// was never called, the single leader's.
+func stdStats() Stats {
 	s := std.state.Load()
-	if s == nil {
-		return nil
+	if c := memberOf(s); c != nil {
+		return c.Stats()
 	}
-	if s.kind == stdRunning || s.kind == stdDown {
-		return s.c
+	if s != nil && s.c != nil && s.kind == stdDown {
+		return s.c.Stats()
 	}
-	return nil
+	return Stats{Leader: s == nil, LastContact: -1}
 }

@@ -9,33 +9,28 @@ import "context"
 // the database, and the config version is 0 and never changes. While Init
 // runs, after it failed and after Shutdown they fail closed, as Fence does.
 
-// ClaimLane claims lane key in tx with the default instance and returns
-// the lane's token; see [Cluster.ClaimLane]. When [Init] was never called
-// it returns 0 and nil without touching tx; while Init runs, after it
-// failed and after [Shutdown] it returns the error [Fence] would, which
-// wraps [ErrStaleFencingToken].
-func ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {
-	return ClaimLaneWith(ctx, sqlQuerier{tx}, key)
-}
-
-// ClaimLaneWith is [ClaimLane] for a transaction of any driver; see
-// [Cluster.ClaimLaneWith].
-func ClaimLaneWith(ctx context.Context, tx Querier, key string) (uint64, error) {
+// stdClaimLane is ClaimLane on the default instance: when Init was never
+// called it returns 0 without touching tx; while Init runs, after it
+// failed and after Shutdown it returns the error Fence would.
+func stdClaimLane(ctx context.Context, tx Tx, key string) (uint64, error) {
+	if _, err := querierOf("ClaimLane", tx); err != nil {
+		return 0, err
+	}
 	s := std.state.Load()
 	if s == nil {
 		return 0, checkLaneKey(key)
 	}
 	if c := s.member(); c != nil {
-		return c.ClaimLaneWith(ctx, tx, key)
+		return c.ClaimLane(ctx, tx, key)
 	}
 	return 0, s.errFence
 }
 
-// OwnsLane reports whether this process believes it owns lane key; see
+// stdOwnsLane reports whether this process believes it owns lane key; see
 // [Cluster.OwnsLane]. It is true for every key when [Init] was never
 // called, and false while Init runs, after it failed and after
 // [Shutdown].
-func OwnsLane(key string) bool {
+func stdOwnsLane(key string) bool {
 	s := std.state.Load()
 	if s == nil {
 		return true
@@ -46,22 +41,22 @@ func OwnsLane(key string) bool {
 	return false
 }
 
-// Lanes returns the lanes this process believes it owns; see
+// stdLanes returns the lanes this process believes it owns; see
 // [Cluster.Lanes]. It returns nil when [Init] was never called (every lane
 // is this process's, and none was named), while Init runs, after it failed
 // and after [Shutdown].
-func Lanes() []string {
+func stdLanes() []string {
 	if c := memberOf(std.state.Load()); c != nil {
 		return c.Lanes()
 	}
 	return nil
 }
 
-// ReleaseLane releases lane key; see [Cluster.ReleaseLane]. It does
+// stdReleaseLane releases lane key; see [Cluster.ReleaseLane]. It does
 // nothing and returns nil when [Init] was never called, while Init runs
 // and after it failed (nothing is held), and returns an error wrapping
 // [ErrShutdown] after [Shutdown].
-func ReleaseLane(ctx context.Context, key string) error {
+func stdReleaseLane(ctx context.Context, key string) error {
 	s := std.state.Load()
 	switch {
 	case s == nil:
@@ -75,13 +70,13 @@ func ReleaseLane(ctx context.Context, key string) error {
 	return nil
 }
 
-// LaneOwner reads who holds lane key now; see [Cluster.LaneOwner]. When
+// stdLaneOwner reads who holds lane key now; see [Cluster.LaneOwner]. When
 // [Init] was never called this process holds every lane for good: it
 // returns, without I/O, a Lane naming key and [SingleNodeID] as its
 // Holder, with token 0 and a zero ExpiresAt (it never expires). While
 // Init runs, after it failed and after [Shutdown] it returns the error
-// [CurrentLeader] would.
-func LaneOwner(ctx context.Context, key string) (*Lane, error) {
+// CurrentLeader would.
+func stdLaneOwner(ctx context.Context, key string) (*Lane, error) {
 	s := std.state.Load()
 	if s == nil {
 		if err := checkLaneKey(key); err != nil {
@@ -95,11 +90,11 @@ func LaneOwner(ctx context.Context, key string) (*Lane, error) {
 	return nil, s.errLeader
 }
 
-// ConfigVersion reads the cluster's config version; see
+// stdConfigVersion reads the cluster's config version; see
 // [Cluster.ConfigVersion]. When [Init] was never called it is 0; while
 // Init runs, after it failed and after [Shutdown] it returns the error
-// [CurrentLeader] would.
-func ConfigVersion(ctx context.Context) (uint64, error) {
+// CurrentLeader would.
+func stdConfigVersion(ctx context.Context) (uint64, error) {
 	s := std.state.Load()
 	if s == nil {
 		return 0, nil
@@ -110,26 +105,26 @@ func ConfigVersion(ctx context.Context) (uint64, error) {
 	return 0, s.errLeader
 }
 
-// ConfigVersionCached returns the config version last seen; see
+// stdConfigVersionCached returns the config version last seen; see
 // [Cluster.ConfigVersionCached]. It is 0 when [Init] was never called,
 // while Init runs and after it failed; after [Shutdown] it is the last
 // version the member saw.
-func ConfigVersionCached() uint64 {
+func stdConfigVersionCached() uint64 {
 	if c := memberOf(std.state.Load()); c != nil {
 		return c.ConfigVersionCached()
 	}
-	if c := Default(); c != nil {
-		return c.conf.version.Load()
+	if s := std.state.Load(); s != nil && s.kind == stdDown && s.c != nil {
+		return s.c.conf.version.Load()
 	}
 	return 0
 }
 
-// BumpConfigVersion increments the cluster's config version; see
+// stdBumpConfigVersion increments the cluster's config version; see
 // [Cluster.BumpConfigVersion]. When [Init] was never called there is no
 // cluster to tell: it bumps nothing and returns 0. While Init runs, after
-// it failed and after [Shutdown] it returns the error [CurrentLeader]
+// it failed and after [Shutdown] it returns the error CurrentLeader
 // would.
-func BumpConfigVersion(ctx context.Context) (uint64, error) {
+func stdBumpConfigVersion(ctx context.Context) (uint64, error) {
 	s := std.state.Load()
 	if s == nil {
 		return 0, nil

@@ -6,6 +6,7 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -46,14 +47,14 @@ func TestSingleNodeMode(t *testing.T) {
 	useDefault(t)
 	goroutines := runtime.NumGoroutine()
 
-	if !cluster.IsLeader() || cluster.FencingToken() != 0 || cluster.CurrentNodeID() != "single-node-local" || cluster.Endpoint() != "" {
+	if !cluster.IsLeader() || cluster.FencingToken() != 0 || cluster.Default().NodeID() != "single-node-local" || cluster.Default().Endpoint() != "" {
 		t.Fatalf("single node: IsLeader %v, FencingToken %d, CurrentNodeID %q, Endpoint %q",
-			cluster.IsLeader(), cluster.FencingToken(), cluster.CurrentNodeID(), cluster.Endpoint())
+			cluster.IsLeader(), cluster.FencingToken(), cluster.Default().NodeID(), cluster.Default().Endpoint())
 	}
 	if err := cluster.RequireLeader(); err != nil {
 		t.Fatalf("RequireLeader = %v", err)
 	}
-	l, err := cluster.CurrentLeader(context.Background())
+	l, err := cluster.Default().CurrentLeader(context.Background())
 	if err != nil || l == nil || l.NodeID != cluster.SingleNodeID || !l.LeaseExpiresAt.IsZero() || l.FencingToken != 0 {
 		t.Fatalf("CurrentLeader = %+v, %v", l, err)
 	}
@@ -68,21 +69,41 @@ func TestSingleNodeMode(t *testing.T) {
 	if self := body["self"].(map[string]any); self["isLeader"] != true || self["nodeId"] != cluster.SingleNodeID {
 		t.Fatalf("self = %v", self)
 	}
-	if token, err := cluster.Fence(context.Background(), nil); token != 0 || err != nil {
+	if token, err := cluster.Default().Fence(context.Background(), untouchedTx{}); token != 0 || err != nil {
 		t.Fatalf("Fence in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
 	}
-	cluster.OnTransition(func(cluster.Event) { t.Error("a transition in single-node mode") })
+	cluster.Default().OnTransition(func(cluster.Event) { t.Error("a transition in single-node mode") })
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Fatalf("single-node mode started %d goroutines", n-goroutines)
 	}
 
-	if err := cluster.AdvanceTip(context.Background(), nil, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrInvalidConfig) {
+	if err := cluster.Default().AdvanceTip(context.Background(), untouchedTx{}, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("AdvanceTip before Init = %v", err)
+	}
+	// A missing transaction is refused in every state, as by a member.
+	if _, err := cluster.Default().Fence(context.Background(), (*sql.Tx)(nil)); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Fatalf("Fence(nil *sql.Tx) in single-node mode = %v, want ErrInvalidConfig", err)
+	}
+	if cluster.Default() != cluster.Default() {
+		t.Fatal("Default returned two different *Cluster")
+	}
+	if st := cluster.Default().Stats(); !st.Leader || st.FencingToken != 0 {
+		t.Fatalf("Stats in single-node mode = %+v, want the leader with token 0", st)
+	}
+	if err := cluster.Default().Resign(context.Background()); err != nil {
+		t.Fatalf("Resign in single-node mode = %v, want nil", err)
 	}
 	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkShutDown(t)
+	// Shut down without Init, the process was never a member.
+	if cluster.Default().Clustered() {
+		t.Fatal("Clustered after Shutdown without Init = true; the process was never a member")
+	}
+	if st := cluster.Default().Stats(); st.Leader {
+		t.Fatalf("Stats after Shutdown = %+v, want not the leader", st)
+	}
 	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatalf("second Shutdown = %v", err)
 	}
@@ -99,13 +120,13 @@ func checkShutDown(t *testing.T) {
 	if err := cluster.RequireLeader(); !errors.Is(err, cluster.ErrNotLeader) || cluster.HTTPStatus(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "shut down") {
 		t.Fatalf("RequireLeader after Shutdown = %v", err)
 	}
-	if _, err := cluster.Fence(ctx, nil); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "shut down") {
+	if _, err := cluster.Default().Fence(ctx, untouchedTx{}); !errors.Is(err, cluster.ErrStaleFencingToken) || !strings.Contains(err.Error(), "shut down") {
 		t.Fatalf("Fence after Shutdown = %v", err)
 	}
-	if err := cluster.AdvanceTip(ctx, nil, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrStaleFencingToken) {
+	if err := cluster.Default().AdvanceTip(ctx, untouchedTx{}, "audit", 1, []byte("h")); !errors.Is(err, cluster.ErrStaleFencingToken) {
 		t.Fatalf("AdvanceTip after Shutdown = %v", err)
 	}
-	if _, err := cluster.CurrentLeader(ctx); !errors.Is(err, cluster.ErrShutdown) {
+	if _, err := cluster.Default().CurrentLeader(ctx); !errors.Is(err, cluster.ErrShutdown) {
 		t.Fatalf("CurrentLeader after Shutdown = %v", err)
 	}
 	if code, body := discover(t); code != http.StatusServiceUnavailable || body["leader"] != nil || body["error"] != "shut down" {
@@ -119,7 +140,7 @@ func checkShutDown(t *testing.T) {
 func TestInitDefaultInstance(t *testing.T) {
 	useDefault(t)
 	events := make(chan cluster.Event, 4)
-	cluster.OnTransition(func(e cluster.Event) {
+	cluster.Default().OnTransition(func(e cluster.Event) {
 		if e.Kind != cluster.EventLeaderChanged {
 			events <- e
 		}
@@ -137,14 +158,14 @@ func TestInitDefaultInstance(t *testing.T) {
 	if err := cluster.Init(context.Background(), cfg); !errors.Is(err, cluster.ErrAlreadyInitialized) {
 		t.Fatalf("second Init = %v", err)
 	}
-	if !cluster.IsLeader() || cluster.FencingToken() != 1 || cluster.CurrentNodeID() != "n1" || cluster.Endpoint() != "https://n1.internal" || cluster.RequireLeader() != nil {
+	if !cluster.IsLeader() || cluster.FencingToken() != 1 || cluster.Default().NodeID() != "n1" || cluster.Default().Endpoint() != "https://n1.internal" || cluster.RequireLeader() != nil {
 		t.Fatalf("after Init: IsLeader %v, FencingToken %d, CurrentNodeID %q, Endpoint %q",
-			cluster.IsLeader(), cluster.FencingToken(), cluster.CurrentNodeID(), cluster.Endpoint())
+			cluster.IsLeader(), cluster.FencingToken(), cluster.Default().NodeID(), cluster.Default().Endpoint())
 	}
 	if e := <-events; e.Kind != cluster.EventLeaseAcquired || e.FencingToken != 1 || e.NodeID != "n1" {
 		t.Fatalf("handler registered before Init got %+v", e)
 	}
-	if l, err := cluster.CurrentLeader(context.Background()); err != nil || l.NodeID != "n1" {
+	if l, err := cluster.Default().CurrentLeader(context.Background()); err != nil || l.NodeID != "n1" {
 		t.Fatalf("CurrentLeader = %+v, %v", l, err)
 	}
 	if err := cluster.Shutdown(context.Background()); err != nil {
@@ -166,7 +187,7 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		db := tg.Open(t)
 		undo := newerSchema(t, tg, db)
 		events := make(chan cluster.Event, 8)
-		cluster.OnTransition(func(e cluster.Event) {
+		cluster.Default().OnTransition(func(e cluster.Event) {
 			if e.Kind != cluster.EventLeaderChanged {
 				events <- e
 			}
@@ -180,10 +201,10 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if cluster.IsLeader() || cluster.FencingToken() != 0 {
 			t.Fatalf("after a failed Init: IsLeader %v, FencingToken %d", cluster.IsLeader(), cluster.FencingToken())
 		}
-		if id := cluster.CurrentNodeID(); id != "n1" {
+		if id := cluster.Default().NodeID(); id != "n1" {
 			t.Errorf("CurrentNodeID after a failed Init = %q, want the configured n1", id)
 		}
-		if ep := cluster.Endpoint(); ep != "" {
+		if ep := cluster.Default().Endpoint(); ep != "" {
 			t.Errorf("Endpoint after a failed Init = %q, want none", ep)
 		}
 		wraps := func(what string, err error, sentinels ...error) {
@@ -202,18 +223,18 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if cluster.HTTPStatus(err) != http.StatusServiceUnavailable {
 			t.Errorf("RequireLeader's status = %d, want 503", cluster.HTTPStatus(err))
 		}
-		token, err := cluster.Fence(ctx, db)
+		token, err := cluster.Default().Fence(ctx, db)
 		wraps("Fence", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
 		if token != 0 {
 			t.Errorf("Fence = %d", token)
 		}
-		tx, token, err := cluster.BeginFenced(ctx, db, nil)
+		tx, token, err := cluster.Default().BeginFenced(ctx, db, nil)
 		wraps("BeginFenced", err, cluster.ErrStaleFencingToken, cluster.ErrNotLeader)
 		if tx != nil || token != 0 {
 			t.Errorf("BeginFenced = %v, %d; want no transaction", tx, token)
 		}
-		wraps("AdvanceTip", cluster.AdvanceTip(ctx, db, "audit", 1, []byte("h")), cluster.ErrStaleFencingToken)
-		l, err := cluster.CurrentLeader(ctx)
+		wraps("AdvanceTip", cluster.Default().AdvanceTip(ctx, db, "audit", 1, []byte("h")), cluster.ErrStaleFencingToken)
+		l, err := cluster.Default().CurrentLeader(ctx)
 		wraps("CurrentLeader", err)
 		if l != nil {
 			t.Errorf("CurrentLeader = %+v", l)
@@ -242,11 +263,11 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if token, err := cluster.Fence(ctx, tx); err != nil || token != cluster.FencingToken() {
+		if token, err := cluster.Default().Fence(ctx, tx); err != nil || token != cluster.FencingToken() {
 			t.Fatalf("Fence after the retried Init = %d, %v", token, err)
 		}
 		tx.Rollback()
-		tx, token, err = cluster.BeginFenced(ctx, db, nil)
+		tx, token, err = cluster.Default().BeginFenced(ctx, db, nil)
 		if err != nil || token != cluster.FencingToken() {
 			t.Fatalf("BeginFenced after the retried Init = %d, %v", token, err)
 		}
@@ -278,7 +299,7 @@ func TestShutdownAfterFailedInit(t *testing.T) {
 	if err := cluster.Init(context.Background(), cluster.Config{NodeID: "bad\n"}); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("Init with a bad NodeID = %v", err)
 	}
-	if id := cluster.CurrentNodeID(); id != cluster.SingleNodeID {
+	if id := cluster.Default().NodeID(); id != cluster.SingleNodeID {
 		t.Fatalf("CurrentNodeID after an Init refused for its NodeID = %q", id)
 	}
 	if cluster.IsLeader() || cluster.RequireLeader() == nil {
@@ -298,7 +319,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 		book := newLeaseBook()
 		h := shutdownOnKind(cluster.EventLeaseAcquired)
 		h.call = cluster.Shutdown
-		cluster.OnTransition(h.handle)
+		cluster.Default().OnTransition(h.handle)
 		err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider()))
 		checkInitShutDown(t, err)
 		if err := h.wait(t); err != nil {
@@ -315,7 +336,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 		book := newLeaseBook()
 		h := shutdownOnKind(cluster.EventLeaseLost)
 		h.call = cluster.Shutdown
-		cluster.OnTransition(h.handle)
+		cluster.Default().OnTransition(h.handle)
 		if err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider())); err != nil {
 			t.Fatal(err)
 		}
@@ -339,7 +360,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 			deleteOnAcquire(t, tg, db, table, 3)
 			h := shutdownOnKind(cluster.EventRollbackDetected)
 			h.call = cluster.Shutdown
-			cluster.OnTransition(h.handle)
+			cluster.Default().OnTransition(h.handle)
 			cfg := tg.Config(t, tg.Open(t), "b")
 			withAudit(table)(&cfg)
 			if err := cluster.Init(ctx, cfg); !errors.Is(err, cluster.ErrRollbackDetected) {
@@ -366,7 +387,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 			a.Shutdown(ctx)
 			h := shutdownOnKind(cluster.EventVaultKeyRotated)
 			h.call = cluster.Shutdown
-			cluster.OnTransition(h.handle)
+			cluster.Default().OnTransition(h.handle)
 			cfg := tg.Config(t, tg.Open(t), "b")
 			cfg.VaultKeyFingerprint = fpOf(t, 1)
 			cfg.AcceptVaultKeyRotation = true
@@ -452,7 +473,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 	runs := make(chan run, 4)
 	done := make(chan error, 1)
 	go func() {
-		done <- cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+		done <- cluster.Default().RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
 			r := run{token, make(chan struct{})}
 			runs <- r
 			<-ctx.Done()
@@ -505,7 +526,7 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 	if err := <-done; !errors.Is(err, cluster.ErrShutdown) {
 		t.Fatalf("RunWhileLeader after Shutdown = %v, want ErrShutdown", err)
 	}
-	if err := cluster.Resign(ctx); !errors.Is(err, cluster.ErrShutdown) || !errors.Is(err, cluster.ErrNotLeader) {
+	if err := cluster.Default().Resign(ctx); !errors.Is(err, cluster.ErrShutdown) || !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("Resign after Shutdown = %v", err)
 	}
 }

@@ -26,6 +26,9 @@ import (
 // The handler has no authentication: mount it inside the trust boundary, or
 // wrap it in your own middleware.
 func (c *Cluster) DiscoveryHandler() http.Handler {
+	if c.isDefault() {
+		return DiscoveryHandler()
+	}
 	return http.HandlerFunc(c.serveDiscovery)
 }
 

@@ -158,9 +158,12 @@
 //
 // # The default instance
 //
-// The package-level functions ([Init], [IsLeader], [RequireLeader],
-// [Fence], ...) answer for one member per process, the default instance,
-// which is in one of four states:
+// The package-level functions ([Init], [IsLeader], [FencingToken],
+// [RequireLeader], [DiscoveryHandler], [Shutdown]) are the drop-in set:
+// they answer for one member per process, the default instance, and
+// everything else is a method of the *Cluster [Default] returns
+// (cluster.Default().Fence(ctx, tx)). The default instance is in one of
+// four states:
 //
 //	state              IsLeader  FencingToken  RequireLeader      Fence                      CurrentLeader     DiscoveryHandler          RunWhileLeader
 //	never initialized  true      0             nil                nil and token 0            this process (*)  200, this process leads   fn once, token 0 (**)
@@ -171,28 +174,28 @@
 // (*) with token 0 and a lease that never expires. (**) until its
 // context ends: Init and Shutdown cancel it and wait for it. (***) which
 // also matches ErrStaleFencingToken; ErrShutdown matches ErrNotLeader and
-// carries HTTP status 503. [Resign] does nothing but in the running state,
+// carries HTTP status 503. Resign does nothing but in the running state,
 // and returns ErrShutdown when shut down. "X, err" is an error
 // that wraps both the sentinel X and the error Init returned, whose text
 // it shows; errors wrapping [ErrNotLeader] carry HTTP status 503. The
 // discovery handler never shows Init's error, only the short reason.
-// [BeginFenced] answers as Fence, beginning the transaction first (and
-// leaving none open when Fence refuses). [AdvanceTip] answers as Fence,
-// except that before Init it returns an
-// error wrapping [ErrInvalidConfig]. [ClaimLane] answers as Fence, and
-// [OwnsLane] as IsLeader: in single-node mode this process owns every lane
-// and claims with token 0. [LaneOwner] answers as CurrentLeader: in
-// single-node mode it names this process, with no expiry. [Clustered] is
-// false until Init is called and true from then on, whatever the state.
-// [ConfigVersion] and [BumpConfigVersion] answer
-// as CurrentLeader, except that in single-node mode the version is 0 and a
-// bump changes nothing. [CurrentNodeID] is [SingleNodeID]
-// until Init is called, and from then on the NodeID given to the last Init
-// (SingleNodeID if that NodeID was itself invalid).
+// BeginFenced answers as Fence, beginning the transaction first (and
+// leaving none open when Fence refuses). AdvanceTip answers as Fence,
+// except that before Init it returns an error wrapping [ErrInvalidConfig].
+// ClaimLane answers as Fence, and OwnsLane as IsLeader: in single-node
+// mode this process owns every lane and claims with token 0. LaneOwner
+// answers as CurrentLeader: in single-node mode it names this process,
+// with no expiry. Clustered is false until Init is called and true from
+// then on, whatever the state (a Shutdown without Init leaves it false).
+// ConfigVersion and BumpConfigVersion answer as CurrentLeader, except that
+// in single-node mode the version is 0 and a bump changes nothing. NodeID
+// is [SingleNodeID] until Init is called, and from then on the NodeID
+// given to the last Init (SingleNodeID if that NodeID was itself invalid).
+// Every call that takes a transaction refuses a nil one, in every state.
 //
 // Only "never initialized" is single-node mode. Init moves the instance to
 // running or failed; a failed Init may be retried. While Init runs the
-// functions answer as failed, with "Init has not returned yet" as the
+// methods answer as failed, with "Init has not returned yet" as the
 // cause, until New has created the member; from then on they answer for it,
 // so a handler of its first lease-acquired sees it lead. [Shutdown] moves
 // any state to shut down, for good: Init then returns

@@ -58,7 +58,7 @@ func ExampleNew() {
 // touches a database.
 func ExampleIsLeader() {
 	if cluster.IsLeader() {
-		fmt.Println("running the hourly job on", cluster.CurrentNodeID())
+		fmt.Println("running the hourly job on", cluster.Default().NodeID())
 	}
 	// Output:
 	// running the hourly job on single-node-local
@@ -262,7 +262,7 @@ func ExampleOpenMySQL() {
 	}
 	defer cluster.Shutdown(ctx)
 
-	tx, token, err := cluster.BeginFenced(ctx, db, nil) // no START TRANSACTION: the fence's read opens it
+	tx, token, err := cluster.Default().BeginFenced(ctx, db, nil) // no START TRANSACTION: the fence's read opens it
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func ExampleCluster_LaneOwner() {
 	if l, _ := b.LaneOwner(ctx, "tenant-7"); l == nil {
 		fmt.Println("tenant-7 is free")
 	}
-	fmt.Println("clustered before Init:", cluster.Clustered())
+	fmt.Println("clustered before Init:", cluster.Default().Clustered())
 	// Output:
 	// tenant-42 is worked on by worker-a under lane token 1
 	// tenant-7 is free

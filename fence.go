@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"reflect"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -14,20 +13,56 @@ import (
 	"github.com/sqlfence/cluster/internal/fencedbegin"
 )
 
-// DBTX is what [Cluster.Fence] and [Cluster.AdvanceTip] need of a
-// database/sql handle. *sql.Tx, *sql.Conn and *sql.DB satisfy it; only a
-// transaction makes the fence hold until the writes commit. Other drivers
-// use [Cluster.FenceWith] through a [Querier].
-type DBTX interface {
+// A Tx is the transaction that [Cluster.Fence], [Cluster.AdvanceTip] and
+// [Cluster.ClaimLane] work in: a *sql.Tx (or a *sql.Conn, in a transaction
+// it began), or a transaction of another driver through an adapter that
+// also implements [Querier]: clusterpgx.Tx(tx) for a pgx.Tx.
+type Tx interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// sqlHandle is what a database/sql handle does: *sql.Tx, *sql.Conn and
+// *sql.DB.
+type sqlHandle interface {
+	Tx
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 var (
-	_ DBTX = (*sql.Tx)(nil)
-	_ DBTX = (*sql.Conn)(nil)
-	_ DBTX = (*sql.DB)(nil)
+	_ sqlHandle = (*sql.Tx)(nil)
+	_ sqlHandle = (*sql.Conn)(nil)
+	_ sqlHandle = (*sql.DB)(nil)
 )
+
+// querierOf returns the Querier that runs call's statements in tx, or an
+// error wrapping ErrInvalidConfig for a tx that is nil or that cannot read
+// rows. It is checked before call changes anything or asks whether this
+// node leads.
+func querierOf(call string, tx Tx) (Querier, error) {
+	switch t := tx.(type) {
+	case nil:
+		return nil, errNilTx(call, nil)
+	case *sql.Tx:
+		if t == nil {
+			return nil, errNilTx(call, t)
+		}
+	case *sql.Conn:
+		if t == nil {
+			return nil, errNilTx(call, t)
+		}
+	case *sql.DB:
+		if t == nil {
+			return nil, errNilTx(call, t)
+		}
+	case Querier:
+		return t, nil
+	}
+	h, ok := tx.(sqlHandle)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s cannot read rows through a %T: pass a *sql.Tx, or a transaction of another driver through its adapter (clusterpgx.Tx for pgx)", ErrInvalidConfig, call, tx)
+	}
+	return sqlQuerier{h}, nil
+}
 
 // Fence verifies, inside the caller's transaction tx, that this node's
 // fencing token is the token of the current, unexpired lease, holds that
@@ -84,11 +119,28 @@ var (
 // transaction a later acquisition can still commit between Fence and the
 // first write, and the stale write then fails with SQLITE_BUSY rather than
 // ErrStaleFencingToken (it still fails).
-func (c *Cluster) Fence(ctx context.Context, tx DBTX) (uint64, error) {
-	if err := c.checkTx("Fence", tx); err != nil {
+func (c *Cluster) Fence(ctx context.Context, tx Tx) (uint64, error) {
+	if c.isDefault() {
+		return stdFence(ctx, tx)
+	}
+	q, err := querierOf("Fence", tx)
+	if err != nil {
 		return 0, err
 	}
-	return c.FenceWith(ctx, sqlQuerier{tx})
+	if c.fencer == nil {
+		return 0, c.errNoCapability("Fence", "Fencer")
+	}
+	t, err := c.heldTerm()
+	if err != nil {
+		return 0, err
+	}
+	start := mono()
+	err = c.fencer.Fence(ctx, q, t.lease, c.cfg.LeaseTTL)
+	c.record(OpFence, start, err)
+	if err != nil {
+		return 0, err
+	}
+	return t.lease.FencingToken, nil
 }
 
 // A preparedFence is the fence's locked read, prepared once on the
@@ -296,39 +348,9 @@ func preparedStmtLimit(err error) bool {
 	return errors.As(err, &my) && my.Number == 1461
 }
 
-// FenceWith is [Cluster.Fence] for a transaction of any driver, through a
-// [Querier] (clusterpgx.Fence uses it for a pgx.Tx).
-func (c *Cluster) FenceWith(ctx context.Context, tx Querier) (uint64, error) {
-	if err := c.checkTx("FenceWith", tx); err != nil {
-		return 0, err
-	}
-	if c.fencer == nil {
-		return 0, c.errNoCapability("Fence", "Fencer")
-	}
-	t, err := c.heldTerm()
-	if err != nil {
-		return 0, err
-	}
-	start := mono()
-	err = c.fencer.Fence(ctx, tx, t.lease, c.cfg.LeaseTTL)
-	c.record(OpFence, start, err)
-	if err != nil {
-		return 0, err
-	}
-	return t.lease.FencingToken, nil
-}
-
-// errNilTx reports a call given no transaction (a nil one, or a nil
-// pointer of a type that would be one). The Cluster checks before it
-// calls its provider, and the default provider checks again, as it is
-// what would dereference it when called directly.
+// errNilTx reports a call given no transaction: nil, or a nil pointer of
+// a type that would be one.
 func errNilTx(call string, tx any) error {
-	switch q := tx.(type) {
-	case sqlQuerier:
-		tx = q.h
-	case preparedQuerier:
-		tx = q.h
-	}
 	given := "nil"
 	if tx != nil {
 		given = fmt.Sprintf("a nil %T", tx)
@@ -336,34 +358,34 @@ func errNilTx(call string, tx any) error {
 	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", ErrInvalidConfig, call, given)
 }
 
-// checkTx refuses a nil tx for call, before the call changes anything or
-// asks whether this node leads: every transactional call (Fence, lane
-// claims, tips) works in the caller's transaction, whatever the provider.
-func (c *Cluster) checkTx(call string, tx any) error {
-	if isNil(tx) {
-		return errNilTx(call, tx)
+// nilQuerier reports whether q is nil or adapts a nil database/sql
+// handle: the provider's own check, for a caller that passes a Querier
+// directly rather than through a Cluster.
+func nilQuerier(q Querier) (bool, any) {
+	switch t := q.(type) {
+	case nil:
+		return true, nil
+	case sqlQuerier:
+		switch h := t.h.(type) {
+		case nil:
+			return true, nil
+		case *sql.Tx:
+			return h == nil, h
+		case *sql.Conn:
+			return h == nil, h
+		case *sql.DB:
+			return h == nil, h
+		}
 	}
-	return nil
+	return false, nil
 }
 
-// isNil reports whether v is nil or holds a nil pointer, map, slice,
-// function or channel: a value whose methods would dereference nil (for a
-// sqlQuerier or preparedQuerier, whatever it wraps).
-func isNil(v any) bool {
-	switch q := v.(type) {
-	case sqlQuerier:
-		v = q.h
-	case preparedQuerier:
-		v = q.h
+// checkQuerier is nilQuerier as an error for call.
+func checkQuerier(call string, q Querier) error {
+	if isNil, given := nilQuerier(q); isNil {
+		return errNilTx(call, given)
 	}
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
+	return nil
 }
 
 // errNoCapability reports a call that needs a capability the provider
@@ -374,7 +396,7 @@ func (c *Cluster) errNoCapability(call, capability string) error {
 }
 
 // sqlQuerier adapts a database/sql handle to a Querier.
-type sqlQuerier struct{ h DBTX }
+type sqlQuerier struct{ h sqlHandle }
 
 func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := q.h.ExecContext(ctx, query, args...)
@@ -455,9 +477,8 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was
-// written. On a nil *Cluster it returns an error wrapping
-// [ErrInvalidConfig]: the default instance's is the function
-// [BeginFenced].
+// written. On [Default] when [Init] was never called it begins the
+// transaction and returns token 0.
 //
 //	tx, token, err := c.BeginFenced(ctx, db, nil)
 //	if err != nil {
@@ -468,27 +489,16 @@ func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
 //	return tx.Commit()
 func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
 	if c == nil {
-		// Not the default instance: a nil *Cluster is a member never made
-		// (New's error ignored, or a handler run before it returned).
-		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced called on a nil *Cluster; use the one New returned, or cluster.BeginFenced for the default instance", ErrInvalidConfig)
-	}
-	return beginFenced(ctx, db, opts, c)
-}
-
-// beginFenced begins a transaction on db and fences it with fencer (nil:
-// the default instance), or lets the connection that begins it fence it
-// (a pool of clusterpgx.OpenDB), or begin it implicitly (a pool of
-// OpenMySQL).
-func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fencer *Cluster) (*sql.Tx, uint64, error) {
-	call, fence := "cluster.BeginFenced", Fence
-	req := &fencedbegin.Request{}
-	if fencer != nil {
-		call, fence = "Cluster.BeginFenced", fencer.Fence
-		req.Fencer = fencer
+		// A member never made (New's error ignored, or a handler run
+		// before it returned).
+		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced called on a nil *Cluster; use the one New returned, or cluster.Default()", ErrInvalidConfig)
 	}
 	if db == nil {
-		return nil, 0, fmt.Errorf("%w: %s needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig, call)
+		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig)
 	}
+	// A connection of clusterpgx.OpenDB fences as it begins; one of
+	// OpenMySQL begins implicitly with the fence's read.
+	req := &fencedbegin.Request{Fencer: c}
 	tx, err := db.BeginTx(fencedbegin.With(ctx, req), opts)
 	if err != nil {
 		return nil, 0, err
@@ -496,7 +506,7 @@ func beginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fencer *C
 	if req.Fenced {
 		return tx, req.Token, nil
 	}
-	token, err := fence(ctx, tx)
+	token, err := c.Fence(ctx, tx)
 	if err != nil {
 		tx.Rollback()
 		return nil, 0, err

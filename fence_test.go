@@ -103,13 +103,13 @@ func TestNilTransactionIsAnError(t *testing.T) {
 			c.WitnessFile = filepath.Join(t.TempDir(), "witness.json") // AdvanceTip reads the tip first
 		})
 		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
-		calls := map[string]func(tx cluster.DBTX) error{
-			"Fence":      func(tx cluster.DBTX) error { _, err := a.Fence(ctx, tx); return err },
-			"ClaimLane":  func(tx cluster.DBTX) error { _, err := a.ClaimLane(ctx, tx, "orders-1"); return err },
-			"AdvanceTip": func(tx cluster.DBTX) error { return a.AdvanceTip(ctx, tx, "audit", 1, []byte{1}) },
+		calls := map[string]func(tx cluster.Tx) error{
+			"Fence":      func(tx cluster.Tx) error { _, err := a.Fence(ctx, tx); return err },
+			"ClaimLane":  func(tx cluster.Tx) error { _, err := a.ClaimLane(ctx, tx, "orders-1"); return err },
+			"AdvanceTip": func(tx cluster.Tx) error { return a.AdvanceTip(ctx, tx, "audit", 1, []byte{1}) },
 		}
 		for name, call := range calls {
-			for _, tx := range []cluster.DBTX{nil, (*sql.Tx)(nil), (*sql.Conn)(nil)} {
+			for _, tx := range []cluster.Tx{nil, (*sql.Tx)(nil), (*sql.Conn)(nil)} {
 				func() {
 					defer func() {
 						if r := recover(); r != nil {
@@ -122,13 +122,15 @@ func TestNilTransactionIsAnError(t *testing.T) {
 				}()
 			}
 		}
+		// A Tx that cannot read rows (neither database/sql's nor a
+		// cluster.Querier) is refused with the fix, not run.
 		for name, err := range map[string]error{
-			"FenceWith":      func() error { _, err := a.FenceWith(ctx, nil); return err }(),
-			"ClaimLaneWith":  func() error { _, err := a.ClaimLaneWith(ctx, nil, "orders-1"); return err }(),
-			"AdvanceTipWith": a.AdvanceTipWith(ctx, nil, "audit", 1, []byte{1}),
+			"Fence":      func() error { _, err := a.Fence(ctx, execOnly{}); return err }(),
+			"ClaimLane":  func() error { _, err := a.ClaimLane(ctx, execOnly{}, "orders-1"); return err }(),
+			"AdvanceTip": a.AdvanceTip(ctx, execOnly{}, "audit", 1, []byte{1}),
 		} {
-			if !errors.Is(err, cluster.ErrInvalidConfig) {
-				t.Errorf("%s(nil) = %v; want ErrInvalidConfig", name, err)
+			if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), name+" cannot read rows through a cluster_test.execOnly") {
+				t.Errorf("%s(execOnly) = %v; want ErrInvalidConfig naming the call and the type", name, err)
 			}
 		}
 		if !a.IsLeader() {
@@ -141,9 +143,9 @@ func TestNilTransactionIsAnError(t *testing.T) {
 			c.Chains = []cluster.Chain{{Name: "audit", Table: tg.Prefix + "audit"}}
 		})
 		for name, err := range map[string]error{
-			"Fence":         func() error { _, err := f.Fence(ctx, (*sql.Tx)(nil)); return err }(),
-			"ClaimLaneWith": func() error { _, err := f.ClaimLaneWith(ctx, nil, "orders-1"); return err }(),
-			"AdvanceTip":    f.AdvanceTip(ctx, nil, "audit", 1, []byte{1}),
+			"Fence":      func() error { _, err := f.Fence(ctx, (*sql.Tx)(nil)); return err }(),
+			"ClaimLane":  func() error { _, err := f.ClaimLane(ctx, nil, "orders-1"); return err }(),
+			"AdvanceTip": f.AdvanceTip(ctx, nil, "audit", 1, []byte{1}),
 		} {
 			if !errors.Is(err, cluster.ErrInvalidConfig) || errors.Is(err, cluster.ErrNotLeader) || !strings.Contains(err.Error(), name+" needs the transaction") {
 				t.Errorf("follower's %s(nil) = %v; want ErrInvalidConfig naming %s", name, err, name)
@@ -319,7 +321,7 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 				t.Errorf("%s: after %q the lease row is locked while the idle limits are %+v", c.what, query, l)
 			}
 		}}
-		if _, err := a.FenceWith(ctx, rec); err != nil {
+		if _, err := a.Fence(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
 		reads := 0
@@ -412,6 +414,37 @@ type recordingTx struct {
 	tx      *sql.Tx
 	queries []string
 	after   func(query string) // if set, runs after each statement
+}
+
+// untouchedTx is a Tx for calls that must not run a statement in it (the
+// default instance when Init was never called, or in a state that fails
+// closed): any statement fails, so a call that touched it would return
+// that error instead of the one the test wants.
+type untouchedTx struct{}
+
+var errTouched = errors.New("untouchedTx: a statement ran in a transaction that should not have been touched")
+
+func (untouchedTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errTouched
+}
+func (untouchedTx) Exec(context.Context, string, ...any) (int64, error) { return 0, errTouched }
+func (untouchedTx) QueryRow(context.Context, string, ...any) cluster.Row {
+	return touchedRow{}
+}
+
+type touchedRow struct{}
+
+func (touchedRow) Scan(...any) error { return errTouched }
+
+// execOnly is a Tx that can only Exec: no Querier, no database/sql handle.
+type execOnly struct{}
+
+func (execOnly) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errors.New("execOnly runs nothing")
+}
+
+func (r *recordingTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return nil, errors.New("recordingTx: use Exec")
 }
 
 func (r *recordingTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {

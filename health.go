@@ -21,6 +21,9 @@ import (
 // [Cluster.LeaderCheckHandler] to route writes to the leader. It answers
 // GET and HEAD, with Cache-Control: no-store, and 405 to other methods.
 func (c *Cluster) HealthHandler() http.Handler {
+	if c.isDefault() {
+		return stdHealthHandler()
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !probeMethod(w, r) {
 			return
@@ -74,6 +77,9 @@ func (c *Cluster) health() healthBody {
 // It reads no database. It answers GET and HEAD, with Cache-Control:
 // no-store, and 405 to other methods.
 func (c *Cluster) LeaderCheckHandler() http.Handler {
+	if c.isDefault() {
+		return stdLeaderCheckHandler()
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if probeMethod(w, r) {
 			token := c.FencingToken()
@@ -101,6 +107,9 @@ func serveLeaderCheck(w http.ResponseWriter, r *http.Request, leader bool, token
 // (from its leader-changed observations), an X-Cluster-Leader header
 // naming it, so a client or proxy can retry there.
 func (c *Cluster) RequireLeaderMiddleware(next http.Handler) http.Handler {
+	if c.isDefault() {
+		return stdRequireLeaderMiddleware(next)
+	}
 	retry := strconv.Itoa(max(int((c.cfg.HeartbeatInterval+time.Second-1)/time.Second), 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c.IsLeader() {
@@ -132,6 +141,9 @@ func (c *Cluster) knownLeaderEndpoint() string {
 // failed"} (never the database's words, which are logged). It answers GET
 // and HEAD, with Cache-Control: no-store.
 func (c *Cluster) MembersHandler() http.Handler {
+	if c.isDefault() {
+		return stdMembersHandler()
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !probeMethod(w, r) {
 			return

@@ -132,6 +132,9 @@ func (c *Cluster) laneUntil(start int64, remaining time.Duration) int64 {
 // [Cluster.ClaimLane]. In single-node mode (the package-level OwnsLane
 // before Init) every lane is owned.
 func (c *Cluster) OwnsLane(key string) bool {
+	if c.isDefault() {
+		return stdOwnsLane(key)
+	}
 	s := c.lanes.set.Load()
 	if s == nil {
 		return false
@@ -151,6 +154,9 @@ func (c *Cluster) OwnsLane(key string) bool {
 // Lanes returns the keys of the lanes this node believes it owns, sorted,
 // for reporting; see [Cluster.OwnsLane].
 func (c *Cluster) Lanes() []string {
+	if c.isDefault() {
+		return stdLanes()
+	}
 	s := c.lanes.set.Load()
 	if s == nil {
 		return nil
@@ -175,6 +181,9 @@ func (c *Cluster) Lanes() []string {
 // that holds it), not for fencing, which is [Cluster.ClaimLane]'s.
 // Unlike [Cluster.OwnsLane] it does I/O, and it answers for any node.
 func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
+	if c.isDefault() {
+		return stdLaneOwner(ctx, key)
+	}
 	store, ok := c.provider.(LaneStore)
 	if !ok {
 		return nil, c.errNoCapability("LaneOwner", "LaneStore")
@@ -243,17 +252,12 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // Like Fence, it bounds on the server the wait for the lane row and
 // how long tx may then sit idle by LeaseTTL, so keep lane transactions
 // short. On SQLite, open the database with _txlock=immediate.
-func (c *Cluster) ClaimLane(ctx context.Context, tx DBTX, key string) (uint64, error) {
-	if err := c.checkTx("ClaimLane", tx); err != nil {
-		return 0, err
+func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, error) {
+	if c.isDefault() {
+		return stdClaimLane(ctx, tx, key)
 	}
-	return c.ClaimLaneWith(ctx, sqlQuerier{tx}, key)
-}
-
-// ClaimLaneWith is [Cluster.ClaimLane] for a transaction of any driver,
-// through a [Querier] (clusterpgx.ClaimLane uses it for a pgx.Tx).
-func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (uint64, error) {
-	if err := c.checkTx("ClaimLaneWith", tx); err != nil {
+	q, err := querierOf("ClaimLane", tx)
+	if err != nil {
 		return 0, err
 	}
 	store, ok := c.provider.(LaneStore)
@@ -283,7 +287,7 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 	reserved := false
 	if !held {
 		window := c.laneWindow()
-		l, census, err := store.PeekLane(ctx, tx, req, window)
+		l, census, err := store.PeekLane(ctx, q, req, window)
 		if err != nil {
 			c.record(OpClaimLane, opStart, err)
 			return 0, err
@@ -307,7 +311,7 @@ func (c *Cluster) ClaimLaneWith(ctx context.Context, tx Querier, key string) (ui
 	}
 
 	start := mono()
-	l, err := store.ClaimLane(ctx, tx, req)
+	l, err := store.ClaimLane(ctx, q, req)
 	c.record(OpClaimLane, opStart, err)
 	var heldErr *LaneHeldError
 	c.lanes.mu.Lock()
@@ -411,6 +415,9 @@ func (c *Cluster) reserveLane(key string, census LaneCensus, counted bool) error
 // it holds emits lane-released (ReasonReleased, or ReasonReleaseFailed
 // when the statement failed and the lane expires after LeaseTTL).
 func (c *Cluster) ReleaseLane(ctx context.Context, key string) error {
+	if c.isDefault() {
+		return stdReleaseLane(ctx, key)
+	}
 	store, ok := c.provider.(LaneStore)
 	if !ok {
 		return c.errNoCapability("ReleaseLane", "LaneStore")

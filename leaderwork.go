@@ -40,6 +40,9 @@ type worker struct {
 // Fence every write in the database ([Cluster.Fence]); that is the
 // guarantee.
 func (c *Cluster) RunWhileLeader(ctx context.Context, fn func(ctx context.Context, token uint64) error) error {
+	if c.isDefault() {
+		return stdRunWhileLeader(ctx, fn)
+	}
 	if fn == nil {
 		return fmt.Errorf("%w: RunWhileLeader needs a non-nil fn", ErrInvalidConfig)
 	}
@@ -176,6 +179,9 @@ func (w *workCount) wait(ctx context.Context) (int, error) {
 // Resign returns nil at once when this node does not lead, and an error
 // wrapping [ErrShutdown] after Shutdown.
 func (c *Cluster) Resign(ctx context.Context) error {
+	if c.isDefault() {
+		return stdResign(ctx)
+	}
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()

@@ -37,6 +37,9 @@ func (c *Cluster) memberTimeout() time.Duration {
 // until one joins a week after they were last seen. It needs a provider
 // that implements [MemberStore], as the default ones do.
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
+	if c.isDefault() {
+		return stdMembers(ctx)
+	}
 	if c.members == nil {
 		return nil, c.errNoCapability("Members", "MemberStore")
 	}

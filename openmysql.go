@@ -14,8 +14,8 @@ import (
 
 // OpenMySQL opens a database/sql pool of go-sql-driver/mysql on cfg, as
 // sql.OpenDB(mysql.NewConnector(cfg)) would, whose connections can begin
-// a fenced transaction without a round trip of its own: [BeginFenced] and
-// [Cluster.BeginFenced] on it send no START TRANSACTION when the
+// a fenced transaction without a round trip of its own:
+// [Cluster.BeginFenced] on it sends no START TRANSACTION when the
 // connection's previous transaction was fenced too, and the fence's
 // locked read opens the transaction, so back-to-back fenced transactions
 // take no more round trips than the same ones begun with db.BeginTx (as

@@ -102,10 +102,10 @@ type InstanceReleaser interface {
 }
 
 // A Querier runs statements on a database handle of any driver: a
-// transaction, to fence it, or a connection. [Cluster.FenceWith] and
-// [Cluster.AdvanceTipWith] take one, so a driver other than database/sql
-// needs only an adapter of two methods (the clusterpgx package has the one
-// for pgx); [Cluster.Fence] adapts a database/sql handle itself.
+// transaction, to fence it, or a connection. [Cluster.Fence],
+// [Cluster.ClaimLane] and [Cluster.AdvanceTip] take a [Tx] that is one
+// (or a database/sql handle, which they adapt themselves), so a driver
+// other than database/sql needs only an adapter (clusterpgx.Tx for pgx).
 type Querier interface {
 	// Exec runs a statement that returns no rows and reports how many rows
 	// it changed.

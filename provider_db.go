@@ -506,8 +506,8 @@ func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error
 // transaction; MariaDB through the session's idle_transaction_timeout,
 // which stays set on the connection; MySQL 8 cannot).
 func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error {
-	if isNil(tx) {
-		return errNilTx("Fence", tx)
+	if err := checkQuerier("Fence", tx); err != nil {
+		return err
 	}
 	if q, ok := tx.(sqlQuerier); ok {
 		if t, ok := q.h.(*sql.Tx); ok {
@@ -536,8 +536,8 @@ func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Du
 
 // WriteTip implements [ChainStore].
 func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error {
-	if isNil(tx) {
-		return errNilTx("AdvanceTip", tx)
+	if err := checkQuerier("AdvanceTip", tx); err != nil {
+		return err
 	}
 	_, err := tx.Exec(ctx, p.q.TipWrite, t.Chain, t.Lease, int64(t.Counter), t.Hash, int64(t.FencingToken))
 	if err != nil {
@@ -548,8 +548,8 @@ func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error
 
 // ReadTip implements [ChainStore].
 func (p *DBProvider) ReadTip(ctx context.Context, tx Querier, chain string) (ChainTip, bool, error) {
-	if tx != nil && isNil(tx) {
-		return ChainTip{}, false, errNilTx("AdvanceTip", tx)
+	if isNil, given := nilQuerier(tx); isNil && tx != nil {
+		return ChainTip{}, false, errNilTx("AdvanceTip", given)
 	}
 	if tx == nil {
 		conn, release, err := p.conn(ctx)

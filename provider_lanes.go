@@ -145,8 +145,8 @@ func (p *DBProvider) lanes() laneDialect { return p.d.(laneDialect) }
 
 // PeekLane implements [LaneStore].
 func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error) {
-	if isNil(tx) {
-		return nil, LaneCensus{}, errNilTx("ClaimLane", tx)
+	if err := checkQuerier("ClaimLane", tx); err != nil {
+		return nil, LaneCensus{}, err
 	}
 	var c LaneCensus
 	var holder, instance sql.NullString
@@ -178,8 +178,8 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 // where it would be, and two transactions that then both insert it
 // deadlock. Rows are never deleted, so a lane seen once needs no more.
 func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
-	if isNil(tx) {
-		return Lane{}, errNilTx("ClaimLane", tx)
+	if err := checkQuerier("ClaimLane", tx); err != nil {
+		return Lane{}, err
 	}
 	limit := req.TTL
 	if dl, ok := ctx.Deadline(); ok {

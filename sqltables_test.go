@@ -238,7 +238,7 @@ func createWriteLog(t *testing.T, tg testdb.Target, db *sql.DB) {
 // fencedWrite appends one row to the write log in a transaction fenced by
 // fence. The row's seq comes from the locked counter row, so seq order is
 // commit order; its token is the one fence verified.
-func fencedWrite(ctx context.Context, db *sql.DB, fence func(context.Context, cluster.DBTX) (uint64, error), d cluster.Dialect, prefix, node string) error {
+func fencedWrite(ctx context.Context, db *sql.DB, fence func(context.Context, cluster.Tx) (uint64, error), d cluster.Dialect, prefix, node string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -131,6 +131,9 @@ type stats struct {
 // Stats returns a snapshot of this node's leadership and its counters. It
 // does no I/O and takes no lock, so it is cheap enough for every scrape.
 func (c *Cluster) Stats() Stats {
+	if c.isDefault() {
+		return stdStats()
+	}
 	t := c.liveTerm()
 	s := Stats{
 		LastRenewLatency:         time.Duration(c.stats.renewLatency.Load()),

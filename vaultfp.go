@@ -53,17 +53,12 @@ func VaultKeyFingerprint(keys ...kem.PublicKey) (string, error) {
 	}
 	named := make([]namedKey, len(keys))
 	for i, k := range keys {
-		if isNil(k) { // a nil key would panic in Scheme or MarshalBinary
+		if k == nil {
 			return "", configErrorf("vault-key fingerprint: key %d is nil", i)
 		}
-		s := k.Scheme()
-		if s == nil {
-			return "", configErrorf("vault-key fingerprint: key %d (%T) has no scheme", i, k)
-		}
-		name := s.Name()
-		pub, err := k.MarshalBinary()
+		name, pub, err := describeKey(k)
 		if err != nil {
-			return "", fmt.Errorf("cluster: vault-key fingerprint: marshal key %d (%s): %w", i, name, err)
+			return "", fmt.Errorf("cluster: vault-key fingerprint: key %d (%T): %w", i, k, err)
 		}
 		if uint64(len(name)) > math.MaxUint32 || uint64(len(pub)) > math.MaxUint32 {
 			return "", fmt.Errorf("cluster: vault-key fingerprint: key %d (%s) is too long to encode", i, name)
@@ -73,6 +68,27 @@ func VaultKeyFingerprint(keys ...kem.PublicKey) (string, error) {
 	h := sha3.New512()
 	h.Write(appendVaultKeyEncoding(nil, vaultKeyDomain, named))
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// describeKey returns k's scheme name and public key bytes. A key whose
+// methods panic (a nil pointer of a key type) is reported as an error
+// wrapping ErrInvalidConfig rather than crashing New.
+func describeKey(k kem.PublicKey) (name string, pub []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			name, pub, err = "", nil, fmt.Errorf("%w: the key cannot describe itself (a nil key?): %v", ErrInvalidConfig, r)
+		}
+	}()
+	s := k.Scheme()
+	if s == nil {
+		return "", nil, fmt.Errorf("%w: the key has no scheme", ErrInvalidConfig)
+	}
+	name = s.Name()
+	pub, err = k.MarshalBinary()
+	if err != nil {
+		return "", nil, fmt.Errorf("marshal (%s): %w", name, err)
+	}
+	return name, pub, nil
 }
 
 // ValidVaultKeyFingerprint reports whether s has the form of a fingerprint

@@ -208,7 +208,7 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, db, plain *sql.
 				case form == formRead:
 					err = tx.QueryRow(ctx, q.read, q.lease).Scan(&token)
 				case form == formFenced && !tg.beginFenced:
-					token, err = clusterpgx.Fence(ctx, c, tx)
+					token, err = c.Fence(ctx, clusterpgx.Tx(tx))
 				}
 				if err != nil {
 					return err

@@ -208,7 +208,7 @@ func TestBeginFencedWithoutInit(t *testing.T) {
 			pool.Close()
 		}
 	}()
-	tx, token, err := clusterpgx.BeginFenced(ctx, nil, pool, pgx.TxOptions{})
+	tx, token, err := clusterpgx.BeginFenced(ctx, cluster.Default(), pool, pgx.TxOptions{})
 	if err != nil || token != 0 {
 		t.Fatalf("BeginFenced without Init = %d, %v; want 0, nil", token, err)
 	}
@@ -267,24 +267,25 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 		_, _, err := clusterpgx.BeginFenced(ctx, a, (*pgx.Conn)(nil), pgx.TxOptions{})
 		return err
 	})
-	for _, c := range []*cluster.Cluster{a, nil} {
-		try(fmt.Sprintf("Fence(%p, nil)", c), func() error { _, err := clusterpgx.Fence(ctx, c, nil); return err })
-		try(fmt.Sprintf("ClaimLane(%p, nil)", c), func() error { _, err := clusterpgx.ClaimLane(ctx, c, nil, "k"); return err })
-		try(fmt.Sprintf("AdvanceTip(%p, nil)", c), func() error { return clusterpgx.AdvanceTip(ctx, c, nil, "audit", 1, []byte{1}) })
+	try("BeginFenced with a nil *cluster.Cluster", func() error {
+		_, _, err := clusterpgx.BeginFenced(ctx, nil, pool, pgx.TxOptions{})
+		return err
+	})
+	for _, c := range []*cluster.Cluster{a, cluster.Default()} {
+		try(fmt.Sprintf("Fence(Tx(nil)) on %p", c), func() error { _, err := c.Fence(ctx, clusterpgx.Tx(pgx.Tx(nil))); return err })
+		try(fmt.Sprintf("ClaimLane(Tx(nil)) on %p", c), func() error { _, err := c.ClaimLane(ctx, clusterpgx.Tx(nil), "k"); return err })
+		try(fmt.Sprintf("AdvanceTip(Tx(nil)) on %p", c), func() error { return c.AdvanceTip(ctx, clusterpgx.Tx(nil), "audit", 1, []byte{1}) })
 	}
-	// The core's With forms through Querier of a nil transaction.
-	try("FenceWith(Querier(nil))", func() error { _, err := a.FenceWith(ctx, clusterpgx.Querier(pgx.Tx(nil))); return err })
-	try("ClaimLaneWith(Querier(nil))", func() error { _, err := a.ClaimLaneWith(ctx, clusterpgx.Querier(nil), "k"); return err })
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if token, err := clusterpgx.Fence(ctx, nil, tx); err != nil || token != 0 {
-		t.Errorf("Fence with a nil Cluster, without Init = %d, %v; want 0, nil", token, err)
+	if token, err := cluster.Default().Fence(ctx, clusterpgx.Tx(tx)); err != nil || token != 0 {
+		t.Errorf("Fence on the default instance, without Init = %d, %v; want 0, nil", token, err)
 	}
-	if token, err := clusterpgx.Fence(ctx, a, tx); err != nil || token != a.FencingToken() {
+	if token, err := a.Fence(ctx, clusterpgx.Tx(tx)); err != nil || token != a.FencingToken() {
 		t.Errorf("Fence by the leader = %d, %v; want %d, nil", token, err, a.FencingToken())
 	}
 }

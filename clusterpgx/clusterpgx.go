@@ -9,8 +9,8 @@
 //	...
 //	tx, token, err := clusterpgx.BeginFenced(ctx, c, pool, pgx.TxOptions{}) // errors.Is(err, cluster.ErrStaleFencingToken) when stale
 //	defer tx.Rollback(ctx)
-//	// or, on a transaction already begun: token, err := clusterpgx.Fence(ctx, c, tx)
-//	// or, for partitioned work: token, err := clusterpgx.ClaimLane(ctx, c, tx, "orders-3")
+//	// or, on a transaction already begun: token, err := c.Fence(ctx, clusterpgx.Tx(tx))
+//	// or, for partitioned work: token, err := c.ClaimLane(ctx, clusterpgx.Tx(tx), "orders-3")
 //	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
 //	err = tx.Commit(ctx)
 //
@@ -28,9 +28,9 @@ package clusterpgx
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -55,44 +55,9 @@ func NewProviderWithPrefix(pool *pgxpool.Pool, tablePrefix string) (*cluster.DBP
 	return cluster.NewSQLProvider(poolAdapter{pool}, cluster.Postgres, tablePrefix)
 }
 
-// Fence fences tx, a transaction of pgx, with c; see [cluster.Cluster.Fence].
-// It returns the token of the term it verified, for the rows tx writes. A
-// nil c is the default instance (cluster.Init).
-func Fence(ctx context.Context, c *cluster.Cluster, tx pgx.Tx) (uint64, error) {
-	if isNil(tx) {
-		return 0, errNilTx("clusterpgx.Fence", tx)
-	}
-	if c == nil {
-		return cluster.FenceWith(ctx, Querier(tx))
-	}
-	return c.FenceWith(ctx, Querier(tx))
-}
-
-// errNilTx reports a call given no transaction.
-func errNilTx(call string, tx any) error {
-	return fmt.Errorf("%w: %s needs the transaction to work in; it was given %s", cluster.ErrInvalidConfig, call, describeNil(tx))
-}
-
-// describeNil names a nil argument: "nil", or "a nil *T" for a typed nil.
-func describeNil(v any) string {
-	if v == nil {
-		return "nil"
-	}
-	return fmt.Sprintf("a nil %T", v)
-}
-
-// isNil reports whether v is nil or holds a nil pointer, map, slice,
-// function or channel (a typed nil in an interface), whose methods would
-// dereference nil.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
+// errNil reports a call given a nil argument.
+func errNil(call, what string) error {
+	return fmt.Errorf("%w: %s needs %s; it was given nil", cluster.ErrInvalidConfig, call, what)
 }
 
 // A Batcher sends a batch of queries on one connection: *pgxpool.Pool,
@@ -109,7 +74,7 @@ var (
 )
 
 // BeginFenced begins a transaction on db with txOptions and fences it with
-// c, as [Fence] would, in one round trip: the BEGIN and the fence's locked
+// c, as [cluster.Cluster.Fence] would, in one round trip: the BEGIN and the fence's locked
 // read of the lease row go to the server together (pgx's Batch.BeginTx), so
 // a fenced transaction takes no more round trips than the same transaction
 // begun with db.BeginTx (once pgx has prepared the two statements on the
@@ -123,10 +88,10 @@ var (
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, cluster.ErrStaleFencingToken)),
-// nothing was written. A nil c is the process's default instance
-// ([cluster.Init]): when Init was never called the process is the only
-// writer, and BeginFenced begins the transaction and returns token 0, as
-// [cluster.Fence] does.
+// nothing was written. For the process's default instance pass
+// [cluster.Default]: when [cluster.Init] was never called the process is
+// the only writer, and BeginFenced begins the transaction and returns
+// token 0.
 //
 //	tx, token, err := clusterpgx.BeginFenced(ctx, c, pool, pgx.TxOptions{})
 //	if err != nil {
@@ -136,20 +101,29 @@ var (
 //	err = queries.WithTx(tx).InsertOrder(ctx, db.InsertOrderParams{..., FencingToken: int64(token)})
 //	return tx.Commit(ctx)
 func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions pgx.TxOptions) (pgx.Tx, uint64, error) {
-	if isNil(db) {
-		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced needs a pool or connection to begin on; it was given %s", cluster.ErrInvalidConfig, describeNil(db))
+	if c == nil {
+		return nil, 0, errNil("clusterpgx.BeginFenced", "the *cluster.Cluster to fence with (cluster.Default() for the default instance)")
 	}
-	if _, ok := db.(pgx.Tx); ok {
-		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced begins a transaction and cannot begin one inside %T; use clusterpgx.Fence on it", cluster.ErrInvalidConfig, db)
+	switch h := db.(type) {
+	case nil:
+		return nil, 0, errNil("clusterpgx.BeginFenced", "a pool or connection to begin on")
+	case *pgxpool.Pool:
+		if h == nil {
+			return nil, 0, errNil("clusterpgx.BeginFenced", "a pool or connection to begin on")
+		}
+	case *pgxpool.Conn:
+		if h == nil {
+			return nil, 0, errNil("clusterpgx.BeginFenced", "a pool or connection to begin on")
+		}
+	case *pgx.Conn:
+		if h == nil {
+			return nil, 0, errNil("clusterpgx.BeginFenced", "a pool or connection to begin on")
+		}
+	case pgx.Tx:
+		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFenced begins a transaction and cannot begin one inside %T; fence it with c.Fence(ctx, clusterpgx.Tx(tx))", cluster.ErrInvalidConfig, db)
 	}
 	q := &beginQuerier{db: db, opts: txOptions}
-	var token uint64
-	var err error
-	if c != nil {
-		token, err = c.FenceWith(ctx, q)
-	} else {
-		token, err = cluster.FenceWith(ctx, q)
-	}
+	token, err := c.Fence(ctx, q)
 	if err == nil && q.tx == nil {
 		// Nothing to fence (no cluster.Init): a plain transaction.
 		var br pgx.BatchResults
@@ -169,9 +143,9 @@ func BeginFenced(ctx context.Context, c *cluster.Cluster, db Batcher, txOptions 
 	return q.tx, token, nil
 }
 
-// beginQuerier is the cluster.Querier of BeginFenced: its first statement
-// goes out in one batch after the BEGIN; any later one runs in the
-// transaction that began.
+// beginQuerier is the cluster.Tx of BeginFenced: its first statement goes
+// out in one batch after the BEGIN; any later one runs in the transaction
+// that began.
 type beginQuerier struct {
 	db   Batcher
 	opts pgx.TxOptions
@@ -212,6 +186,11 @@ func (q *beginQuerier) Exec(ctx context.Context, sql string, args ...any) (int64
 	return tag.RowsAffected(), br.Close()
 }
 
+func (q *beginQuerier) ExecContext(ctx context.Context, sql string, args ...any) (sql.Result, error) {
+	n, err := q.Exec(ctx, sql, args...)
+	return driverResult(n), err
+}
+
 func (q *beginQuerier) QueryRow(ctx context.Context, sql string, args ...any) cluster.Row {
 	if q.tx != nil {
 		return q.tx.QueryRow(ctx, sql, args...)
@@ -239,33 +218,6 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// ClaimLane claims lane key in tx, a transaction of pgx, with c, and
-// returns the lane's fencing token; see [cluster.Cluster.ClaimLane]. Call
-// it first in every transaction that works on the lane. With cluster.Init,
-// use cluster.ClaimLaneWith(ctx, clusterpgx.Querier(tx), key), or pass a
-// nil c.
-func ClaimLane(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, key string) (uint64, error) {
-	if isNil(tx) {
-		return 0, errNilTx("clusterpgx.ClaimLane", tx)
-	}
-	if c == nil {
-		return cluster.ClaimLaneWith(ctx, Querier(tx), key)
-	}
-	return c.ClaimLaneWith(ctx, Querier(tx), key)
-}
-
-// AdvanceTip records a chain tip in tx, a transaction of pgx, with c; see
-// [cluster.Cluster.AdvanceTip]. A nil c is the default instance.
-func AdvanceTip(ctx context.Context, c *cluster.Cluster, tx pgx.Tx, chain string, counter uint64, rowHash []byte) error {
-	if isNil(tx) {
-		return errNilTx("clusterpgx.AdvanceTip", tx)
-	}
-	if c == nil {
-		return cluster.AdvanceTipWith(ctx, Querier(tx), chain, counter, rowHash)
-	}
-	return c.AdvanceTipWith(ctx, Querier(tx), chain, counter, rowHash)
-}
-
 // A Handle is what pgx's transactions, connections and pools have in
 // common.
 type Handle interface {
@@ -280,31 +232,48 @@ var (
 	_ Handle = (*pgxpool.Pool)(nil)
 )
 
-// Querier adapts a pgx handle to a [cluster.Querier], for the calls that
-// take one ([cluster.Cluster.FenceWith], [cluster.FenceWith]).
-// A nil h gives a Querier whose every statement fails with an error
-// wrapping [cluster.ErrInvalidConfig].
-func Querier(h Handle) cluster.Querier {
-	if isNil(h) {
-		return nilQuerier{errNilTx("clusterpgx.Querier", h)}
+// Tx adapts h, a pgx transaction (or a connection in a transaction it
+// began), to a [cluster.Tx], for [cluster.Cluster.Fence],
+// [cluster.Cluster.ClaimLane] and [cluster.Cluster.AdvanceTip]:
+//
+//	token, err := c.Fence(ctx, clusterpgx.Tx(tx))
+//
+// A nil h gives nil, which cluster's calls refuse with an error wrapping
+// [cluster.ErrInvalidConfig].
+func Tx(h Handle) Querier {
+	if h == nil {
+		return nil
 	}
 	return querier{h}
 }
 
-// nilQuerier is the Querier of a nil Handle: every statement fails with
-// err.
-type nilQuerier struct{ err error }
-
-func (q nilQuerier) Exec(context.Context, string, ...any) (int64, error) { return 0, q.err }
-func (q nilQuerier) QueryRow(context.Context, string, ...any) cluster.Row {
-	return errRow{q.err}
+// A Querier is a pgx handle adapted by [Tx]: a [cluster.Tx] that is also
+// a [cluster.Querier], for code that runs statements through cluster's
+// interfaces (a [cluster.Pool], providertest).
+type Querier interface {
+	cluster.Tx
+	cluster.Querier
 }
+
+// driverResult is the sql.Result of a statement run through pgx: the rows
+// it changed.
+type driverResult int64
+
+func (r driverResult) LastInsertId() (int64, error) {
+	return 0, errors.New("clusterpgx: PostgreSQL has no LastInsertId")
+}
+func (r driverResult) RowsAffected() (int64, error) { return int64(r), nil }
 
 type querier struct{ h Handle }
 
 func (q querier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
 	tag, err := q.h.Exec(ctx, sql, args...)
 	return tag.RowsAffected(), err
+}
+
+func (q querier) ExecContext(ctx context.Context, sql string, args ...any) (sql.Result, error) {
+	n, err := q.Exec(ctx, sql, args...)
+	return driverResult(n), err
 }
 
 func (q querier) QueryRow(ctx context.Context, sql string, args ...any) cluster.Row {

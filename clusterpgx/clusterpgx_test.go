@@ -112,7 +112,7 @@ func TestFenceAcrossTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		token, err := clusterpgx.Fence(ctx, c, tx)
+		token, err := c.Fence(ctx, clusterpgx.Tx(tx))
 		if err != nil {
 			return err
 		}
@@ -123,7 +123,7 @@ func TestFenceAcrossTakeover(t *testing.T) {
 		if _, err := tx.Exec(ctx, "INSERT INTO "+tg.Prefix+"audit (monotonic_counter, row_hash) VALUES ($1, $2)", int64(counter), hash); err != nil {
 			t.Fatal(err)
 		}
-		if err := clusterpgx.AdvanceTip(ctx, c, tx, "audit", counter, hash); err != nil {
+		if err := c.AdvanceTip(ctx, clusterpgx.Tx(tx), "audit", counter, hash); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
@@ -151,7 +151,7 @@ func TestFenceAcrossTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = clusterpgx.AdvanceTip(ctx, a, tx, "audit", 2, []byte{2})
+	err = a.AdvanceTip(ctx, clusterpgx.Tx(tx), "audit", 2, []byte{2})
 	tx.Rollback(ctx)
 	if !errors.Is(err, cluster.ErrStaleFencingToken) {
 		t.Fatalf("AdvanceTip by the stale leader = %v, want ErrStaleFencingToken", err)

@@ -30,7 +30,7 @@ func TestClaimLane(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		token, err := clusterpgx.ClaimLane(ctx, c, tx, key)
+		token, err := c.ClaimLane(ctx, clusterpgx.Tx(tx), key)
 		if err != nil {
 			return 0, err
 		}
@@ -59,7 +59,7 @@ func TestClaimLane(t *testing.T) {
 
 // pgxTx is a pgx transaction as providertest.RunLanes begins it.
 type pgxTx struct {
-	cluster.Querier
+	clusterpgx.Querier
 	tx pgx.Tx
 }
 
@@ -81,7 +81,7 @@ func laneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
 			if err != nil {
 				return nil, err
 			}
-			return pgxTx{clusterpgx.Querier(tx), tx}, nil
+			return pgxTx{clusterpgx.Tx(tx), tx}, nil
 		},
 	}
 }

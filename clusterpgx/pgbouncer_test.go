@@ -171,7 +171,7 @@ func TestPgBouncerFenceAcrossTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		token, err := clusterpgx.Fence(ctx, c, tx)
+		token, err := c.Fence(ctx, clusterpgx.Tx(tx))
 		if err != nil {
 			return err
 		}
@@ -182,7 +182,7 @@ func TestPgBouncerFenceAcrossTakeover(t *testing.T) {
 		if _, err := tx.Exec(ctx, "INSERT INTO "+tg.Prefix+"audit (monotonic_counter, row_hash) VALUES ($1, $2)", int64(counter), hash); err != nil {
 			t.Fatal(err)
 		}
-		if err := clusterpgx.AdvanceTip(ctx, c, tx, "audit", counter, hash); err != nil {
+		if err := c.AdvanceTip(ctx, clusterpgx.Tx(tx), "audit", counter, hash); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
@@ -204,7 +204,7 @@ func TestPgBouncerFenceAcrossTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = clusterpgx.AdvanceTip(ctx, a, tx, "audit", 2, []byte{2})
+	err = a.AdvanceTip(ctx, clusterpgx.Tx(tx), "audit", 2, []byte{2})
 	tx.Rollback(ctx)
 	if !errors.Is(err, cluster.ErrStaleFencingToken) {
 		t.Fatalf("AdvanceTip by the stale leader = %v, want ErrStaleFencingToken", err)
@@ -326,7 +326,7 @@ func fencedInsert(ctx context.Context, c *cluster.Cluster, pool *pgxpool.Pool, p
 		return err
 	}
 	defer tx.Rollback(ctx)
-	token, err := clusterpgx.Fence(ctx, c, tx)
+	token, err := c.Fence(ctx, clusterpgx.Tx(tx))
 	if err != nil {
 		return err
 	}

@@ -66,8 +66,8 @@ func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), no
 
 // OpenDB opens a database/sql pool of pgx's stdlib driver on config, as
 // stdlib.OpenDB does with the same options, whose connections can begin a
-// transaction and fence it in one round trip: [cluster.BeginFenced],
-// [cluster.Cluster.BeginFenced] and [BeginFencedSQL] on it send the BEGIN
+// transaction and fence it in one round trip: [cluster.Cluster.BeginFenced]
+// on it sends the BEGIN
 // and the fence's locked read of the lease row together, as [BeginFenced]
 // does on pgx. Everything else behaves as on stdlib.OpenDB's
 // pool; the one difference is the value [sql.Conn.Raw] hands its function:
@@ -83,46 +83,6 @@ func OpenDBFromPool(pool *pgxpool.Pool, opts ...stdlib.OptionOpenDB) *sql.DB {
 	db := sql.OpenDB(fencingConnector{stdlib.GetPoolConnector(pool, opts...)})
 	db.SetMaxIdleConns(0)
 	return db
-}
-
-// BeginFencedSQL is [cluster.Cluster.BeginFenced] (c.BeginFenced(ctx,
-// db, opts)), or [cluster.BeginFenced] when c is nil; it was this
-// package's before those were cluster's, and is kept for the code that
-// calls it. It begins a database/sql transaction on db with opts (nil:
-// the defaults) and fences it with c, as [cluster.Cluster.Fence] would, and
-// returns the transaction, for the caller to commit or roll back, and the
-// token of the term it verified, for the rows the transaction writes. On
-// a pool opened by [OpenDB] or [OpenDBFromPool] the BEGIN and the fence go
-// to the server in one round trip, so the fenced transaction takes no more
-// round trips than the same one begun with db.BeginTx (once pgx has
-// prepared the two statements on the connection, in its default mode; the
-// first fence on a connection prepares them in a round trip of its own,
-// as [BeginFenced] does); on any other
-// *sql.DB (pgx's stdlib.OpenDB, sql.Open, another dialect) it begins the
-// transaction and then fences it, one round trip more, with the same
-// result.
-//
-// On error no transaction is left open: when this node does not lead, or
-// its token is stale (errors.Is(err, cluster.ErrStaleFencingToken)),
-// nothing was written. A nil c is the process's default instance
-// ([cluster.Init]): when Init was never called BeginFencedSQL begins the
-// transaction and returns token 0, as [cluster.Fence] does.
-//
-//	tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
-//	if err != nil {
-//		return err
-//	}
-//	defer tx.Rollback()
-//	err = queries.WithTx(tx).InsertOrder(ctx, store.InsertOrderParams{..., FencingToken: int64(token)})
-//	return tx.Commit()
-func BeginFencedSQL(ctx context.Context, c *cluster.Cluster, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, uint64, error) {
-	if db == nil {
-		return nil, 0, fmt.Errorf("%w: clusterpgx.BeginFencedSQL needs the *sql.DB to begin on; it was given nil", cluster.ErrInvalidConfig)
-	}
-	if c != nil {
-		return c.BeginFenced(ctx, db, opts)
-	}
-	return cluster.BeginFenced(ctx, db, opts)
 }
 
 // fencingConnector is pgx's stdlib connector whose connections are
@@ -171,7 +131,7 @@ func (fc *fencingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 		return fc.stdConn.BeginTx(ctx, opts)
 	}
 	c, ok := req.Fencer.(*cluster.Cluster)
-	if !ok && req.Fencer != nil {
+	if !ok || c == nil {
 		return fc.stdConn.BeginTx(ctx, opts) // not a request it knows how to answer
 	}
 	pc := fc.Conn()

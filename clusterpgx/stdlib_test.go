@@ -107,20 +107,13 @@ type sqlBegin struct {
 	f    func(context.Context, *sql.DB, *sql.TxOptions) (*sql.Tx, uint64, error)
 }
 
-// sqlBegins are clusterpgx.BeginFencedSQL with c and cluster's
-// BeginFenced of the same member (c's method, or the function when c is
-// nil), which take the same path.
+// sqlBegins is Cluster.BeginFenced of c (the default instance when c is
+// nil).
 func sqlBegins(c *cluster.Cluster) []sqlBegin {
-	own := sqlBegin{"cluster.BeginFenced", cluster.BeginFenced}
-	if c != nil {
-		own = sqlBegin{"Cluster.BeginFenced", c.BeginFenced}
+	if c == nil {
+		c = cluster.Default()
 	}
-	return []sqlBegin{
-		{"clusterpgx.BeginFencedSQL", func(ctx context.Context, db *sql.DB, o *sql.TxOptions) (*sql.Tx, uint64, error) {
-			return clusterpgx.BeginFencedSQL(ctx, c, db, o)
-		}},
-		own,
-	}
+	return []sqlBegin{{"Cluster.BeginFenced", c.BeginFenced}}
 }
 
 // BeginFencedSQL on a pool of clusterpgx.OpenDB begins and fences a
@@ -150,7 +143,7 @@ func TestBeginFencedSQL(t *testing.T) {
 		return err
 	}
 
-	if _, _, err := clusterpgx.BeginFencedSQL(ctx, a, nil, nil); !errors.Is(err, cluster.ErrInvalidConfig) {
+	if _, _, err := a.BeginFenced(ctx, nil, nil); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Fatalf("BeginFencedSQL on a nil *sql.DB = %v, want ErrInvalidConfig", err)
 	}
 
@@ -252,13 +245,13 @@ func TestBeginFencedSQL(t *testing.T) {
 			givenBack("a rolled back BeginFencedSQL")
 			// A read-only transaction cannot hold the lease row: refused,
 			// and nothing left open.
-			tx, _, err := clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{ReadOnly: true})
+			tx, _, err := a.BeginFenced(ctx, app, &sql.TxOptions{ReadOnly: true})
 			if !errors.Is(err, cluster.ErrReadOnly) || tx != nil {
 				t.Errorf("a read-only BeginFencedSQL = %v, %v; want nil and ErrReadOnly", tx, err)
 			}
 			givenBack("a read-only BeginFencedSQL")
 			// An isolation level PostgreSQL lacks: an error, nothing open.
-			if _, _, err := clusterpgx.BeginFencedSQL(ctx, a, app, &sql.TxOptions{Isolation: sql.LevelLinearizable}); err == nil || pool.oneBatch && !errors.Is(err, cluster.ErrInvalidConfig) {
+			if _, _, err := a.BeginFenced(ctx, app, &sql.TxOptions{Isolation: sql.LevelLinearizable}); err == nil || pool.oneBatch && !errors.Is(err, cluster.ErrInvalidConfig) {
 				t.Errorf("BeginFencedSQL with LevelLinearizable = %v; want an error (wrapping ErrInvalidConfig on clusterpgx's pools)", err)
 			}
 			givenBack("a BeginFencedSQL with a bad isolation level")
@@ -273,7 +266,7 @@ func TestBeginFencedSQL(t *testing.T) {
 				t.Fatal(err)
 			}
 			dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			if tx, _, err := clusterpgx.BeginFencedSQL(dctx, a, app, nil); err == nil {
+			if tx, _, err := a.BeginFenced(dctx, app, nil); err == nil {
 				tx.Rollback()
 				t.Error("BeginFencedSQL succeeded while the lease row was locked for update")
 			}
@@ -330,7 +323,7 @@ func TestBeginFencedSQL(t *testing.T) {
 			want = cluster.ErrNotLeader
 		}
 		pid := backendPID(t, app)
-		tx, token, err := clusterpgx.BeginFencedSQL(ctx, a, app, nil)
+		tx, token, err := a.BeginFenced(ctx, app, nil)
 		if !errors.Is(err, want) || tx != nil || token != 0 {
 			t.Fatalf("BeginFencedSQL by the stale leader = %v, %d, %v; want nil, 0, %v", tx, token, err, want)
 		}
@@ -341,13 +334,13 @@ func TestBeginFencedSQL(t *testing.T) {
 			t.Errorf("a stale BeginFencedSQL left its transaction open (server process %d, was %d)", got, pid)
 		}
 		// A follower is refused too.
-		if _, _, err := clusterpgx.BeginFencedSQL(ctx, f, app, nil); !errors.Is(err, cluster.ErrNotLeader) {
+		if _, _, err := f.BeginFenced(ctx, app, nil); !errors.Is(err, cluster.ErrNotLeader) {
 			t.Fatalf("BeginFencedSQL by a follower = %v, want ErrNotLeader", err)
 		}
 		if got := backendPID(t, app); got != pid || inTransaction(t, app) {
 			t.Errorf("a follower's BeginFencedSQL left its transaction open (server process %d, was %d)", got, pid)
 		}
-		tx, token, err = clusterpgx.BeginFencedSQL(ctx, b, app, nil)
+		tx, token, err = b.BeginFenced(ctx, app, nil)
 		if err != nil || token != b.FencingToken() {
 			t.Fatalf("BeginFencedSQL by the new leader = %d, %v; want its token %d", token, err, b.FencingToken())
 		}
@@ -359,8 +352,8 @@ func TestBeginFencedSQL(t *testing.T) {
 		}
 	}
 	var n int
-	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 9 {
-		t.Fatalf("%d orders committed (%v); want six from a (two begins on each of three pools) and three from b", n, err)
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&n); err != nil || n != 6 {
+		t.Fatalf("%d orders committed (%v); want three from a (one on each of three pools) and three from b", n, err)
 	}
 }
 
@@ -378,7 +371,7 @@ func TestBeginFencedSQLOnSQLite(t *testing.T) {
 	if !c.IsLeader() {
 		t.Fatal("a does not lead")
 	}
-	tx, token, err := clusterpgx.BeginFencedSQL(ctx, c, db, nil)
+	tx, token, err := c.BeginFenced(ctx, db, nil)
 	if err != nil || token != c.FencingToken() {
 		t.Fatalf("BeginFencedSQL on SQLite = %d, %v; want %d", token, err, c.FencingToken())
 	}
@@ -468,7 +461,7 @@ func TestDefaultInstanceBeginFenced(t *testing.T) {
 	}
 	pid := backendPID(t, app)
 	log.reset()
-	tx, token, err := cluster.BeginFenced(ctx, app, nil)
+	tx, token, err := cluster.Default().BeginFenced(ctx, app, nil)
 	if err != nil || token == 0 || token != cluster.FencingToken() {
 		t.Fatalf("cluster.BeginFenced = %d, %v; want the leader's token %d", token, err, cluster.FencingToken())
 	}
@@ -483,7 +476,7 @@ func TestDefaultInstanceBeginFenced(t *testing.T) {
 	if err := cluster.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tx, _, err = cluster.BeginFenced(ctx, app, nil)
+	tx, _, err = cluster.Default().BeginFenced(ctx, app, nil)
 	if !errors.Is(err, cluster.ErrShutdown) || tx != nil {
 		t.Fatalf("cluster.BeginFenced after Shutdown = %v, %v; want no transaction and ErrShutdown", tx, err)
 	}

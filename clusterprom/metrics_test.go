@@ -297,7 +297,7 @@ func TestLanes(t *testing.T) {
 	// a claims and works alone first: b takes no lane, so it does not
 	// count in the fair share, and a keeps both lanes.
 	for _, k := range []string{"k1", "k2"} {
-		if _, err := a.ClaimLaneWith(ctx, providertest.NoTx, k); err != nil {
+		if _, err := a.ClaimLane(ctx, providertest.NoTx, k); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -333,10 +333,10 @@ func TestLanes(t *testing.T) {
 	}
 
 	// b's claim of a lane a holds is refused, and counted as held.
-	if _, err := a.ClaimLaneWith(ctx, providertest.NoTx, "k3"); err != nil {
+	if _, err := a.ClaimLane(ctx, providertest.NoTx, "k3"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.ClaimLaneWith(ctx, providertest.NoTx, "k3"); !errors.Is(err, cluster.ErrLaneHeld) {
+	if _, err := b.ClaimLane(ctx, providertest.NoTx, "k3"); !errors.Is(err, cluster.ErrLaneHeld) {
 		t.Fatalf("b's claim of a's lane = %v", err)
 	}
 	if v := value(t, reg, "sqlfence_cluster_operations_total", with(lb, "op", "claim-lane", "outcome", "held")); v != 1 {

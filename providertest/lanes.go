@@ -18,6 +18,7 @@ import (
 // claims lanes.
 type Tx interface {
 	cluster.Querier
+	cluster.Tx
 	Commit() error
 	Rollback() error
 }
@@ -26,6 +27,10 @@ type Tx interface {
 func SQLTx(tx *sql.Tx) Tx { return sqlTx{tx} }
 
 type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(ctx, query, args...)
+}
 
 func (t sqlTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := t.tx.ExecContext(ctx, query, args...)
@@ -51,6 +56,9 @@ type noTx struct{}
 var errNoTx = errors.New("providertest: NoTx runs no statement")
 
 func (noTx) Exec(context.Context, string, ...any) (int64, error) { return 0, errNoTx }
+func (noTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errNoTx
+}
 func (noTx) QueryRow(context.Context, string, ...any) cluster.Row {
 	return noRow{}
 }

@@ -12,7 +12,7 @@ import (
 
 // Memory keeps lanes ([cluster.LaneStore]) and config versions
 // ([cluster.ConfigStore]) too, so that tests of partitioned work run
-// without a database: [cluster.Cluster.ClaimLaneWith] with [NoTx] (Memory
+// without a database: [cluster.Cluster.ClaimLane] with [NoTx] (Memory
 // has no transactions: a claim takes effect when it returns, as
 // if its transaction had committed, and a rollback undoes nothing), and
 // [Memory.ExpireLane] to end a claim as a crash would.

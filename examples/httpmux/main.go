@@ -65,7 +65,7 @@ func main() {
 
 	// The report job runs on the leader only, in every term it leads, and
 	// stops when the term ends; Shutdown waits for it before releasing.
-	go cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+	go cluster.Default().RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
 		return s.reportEvery(ctx, *every)
 	})
 
@@ -130,12 +130,12 @@ func (s *service) report(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback()
-	token, err := cluster.Fence(ctx, tx)
+	token, err := cluster.Default().Fence(ctx, tx)
 	if err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO reports (orders, fencing_token, node) SELECT COUNT(*), ?, ? FROM orders",
-		token, cluster.CurrentNodeID()); err != nil {
+		token, cluster.Default().NodeID()); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -173,7 +173,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer tx.Rollback()
-	token, err := cluster.Fence(r.Context(), tx)
+	token, err := cluster.Default().Fence(r.Context(), tx)
 	if err != nil {
 		if errors.Is(err, cluster.ErrNotLeader) {
 			http.Error(w, "this node lost the lease; retry", cluster.HTTPStatus(err))
@@ -184,7 +184,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := tx.ExecContext(r.Context(), "INSERT INTO orders (item, fencing_token, node) VALUES (?, ?, ?)",
-		item, token, cluster.CurrentNodeID())
+		item, token, cluster.Default().NodeID())
 	if err == nil {
 		err = tx.Commit()
 	}
@@ -195,7 +195,7 @@ func (s *service) createOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	id, _ := res.LastInsertId()
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, "order %d created by %s under fencing token %d\n", id, cluster.CurrentNodeID(), token)
+	fmt.Fprintf(w, "order %d created by %s under fencing token %d\n", id, cluster.Default().NodeID(), token)
 }
 
 // countOrders is a read: every node serves it.

@@ -33,7 +33,7 @@ func TestService(t *testing.T) {
 	}
 	srv := httptest.NewServer(s.routes())
 	defer srv.Close()
-	go cluster.RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
+	go cluster.Default().RunWhileLeader(ctx, func(ctx context.Context, token uint64) error {
 		return s.reportEvery(ctx, 20*time.Millisecond)
 	})
 	reports := func() (n int) {

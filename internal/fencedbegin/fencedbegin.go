@@ -11,8 +11,8 @@ import "context"
 // A Request asks the connection that begins a transaction to fence it
 // too, and holds its answer.
 type Request struct {
-	// Fencer is the *cluster.Cluster to fence with; nil is the process's
-	// default instance (cluster.Init).
+	// Fencer is the *cluster.Cluster to fence with (cluster.Default() for
+	// the default instance).
 	Fencer any
 	// Fenced is set by a connection that began the transaction and fenced
 	// it; Token is then the fencing token it verified.
