@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // BenchmarkIsLeader measures the hot path, called on every request.
@@ -220,7 +221,7 @@ func BenchmarkReleaseCall(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				var at time.Time
-				p := &fakeProvider{ReleaseFunc: func(context.Context, cluster.Lease) error {
+				p := &fakeProvider{ReleaseFunc: func(context.Context, provider.Lease) error {
 					at = time.Now()
 					return nil
 				}}

@@ -6,24 +6,9 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-)
 
-// A Chain names a hash-chained, append-only table (an audit log, a consent
-// log, a ledger) whose tip the cluster records and checks. Each row of the
-// table has a monotonic counter and a hash of the row.
-type Chain struct {
-	// Name identifies the chain in the <prefix>chain_tips table. Required;
-	// at most 128 bytes of printable UTF-8.
-	Name string
-	// Table is the chain's table, optionally qualified by its schema
-	// ("audit.events"). Each part must match ^[a-z_][a-z0-9_]{0,62}$.
-	Table string
-	// CounterColumn holds the row's monotonic counter, an integer.
-	// Default "monotonic_counter".
-	CounterColumn string
-	// HashColumn holds the row's hash, as bytes or text. Default "row_hash".
-	HashColumn string
-}
+	"github.com/sqlfence/cluster/provider"
+)
 
 var (
 	tablePattern  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$`)
@@ -100,7 +85,7 @@ func (c *Cluster) AdvanceTip(ctx context.Context, tx Tx, chain string, counter u
 	if err != nil {
 		return err
 	}
-	var before ChainTip
+	var before provider.ChainTip
 	var had bool
 	if c.cfg.WitnessFile != "" {
 		// The tip this transaction sees before writing is committed (or
@@ -109,7 +94,7 @@ func (c *Cluster) AdvanceTip(ctx context.Context, tx Tx, chain string, counter u
 			return err
 		}
 	}
-	tip := ChainTip{Chain: chain, Lease: c.cfg.LeaseName, Counter: counter, Hash: rowHash, FencingToken: t.lease.FencingToken}
+	tip := provider.ChainTip{Chain: chain, Lease: c.cfg.LeaseName, Counter: counter, Hash: rowHash, FencingToken: t.lease.FencingToken}
 	if err := c.chains.WriteTip(ctx, q, tip); err != nil {
 		return err
 	}

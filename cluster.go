@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A Cluster is one node's membership in a cluster: it campaigns for the
@@ -21,12 +23,12 @@ import (
 type Cluster struct {
 	cfg      Config
 	log      *slog.Logger
-	provider Provider
+	provider provider.Provider
 	// The provider's optional capabilities, nil when it lacks them.
-	fencer   Fencer
-	chains   ChainStore
-	state    StateStore
-	releaser InstanceReleaser
+	fencer   provider.Fencer
+	chains   provider.ChainStore
+	state    provider.StateStore
+	releaser provider.InstanceReleaser
 	instance string
 	events   *dispatcher
 
@@ -67,19 +69,19 @@ type Cluster struct {
 	seen         observed
 	seenEndpoint string // of the term seen, "" when free or unknown
 
-	members      MemberStore   // nil when the provider keeps no membership
-	wake         chan struct{} // a release was heard: try now
-	own          *DBProvider   // the provider New built over Config.DB, closed by Shutdown; nil for Config.Provider
-	stopWatch    func()        // ends the watch of releases (wake.go); nil when none runs
-	hearing      atomic.Bool   // releases by other processes are heard (LISTEN)
-	heartbeating atomic.Bool   // the heartbeat (or a follower's watch) runs
-	joined       atomic.Bool   // this node's membership row was recorded and the node has not left
-	joins        atomic.Uint64 // successful joins of the membership row (a row taken over is joined again)
-	haltedFlag   atomic.Bool   // halted is set; readable from any goroutine
-	steps        int           // heartbeat steps, for the membership refresh; heartbeat goroutine only
-	rowChecked   atomic.Int64  // mono() of the last join or check that the membership row is this node's
-	mustJoin     atomic.Bool   // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
-	joining      atomic.Bool   // a membership refresh or join runs (memberLater, joinNow: one at a time)
+	members      provider.MemberStore // nil when the provider keeps no membership
+	wake         chan struct{}        // a release was heard: try now
+	own          *DBProvider          // the provider New built over Config.DB, closed by Shutdown; nil for Config.Provider
+	stopWatch    func()               // ends the watch of releases (wake.go); nil when none runs
+	hearing      atomic.Bool          // releases by other processes are heard (LISTEN)
+	heartbeating atomic.Bool          // the heartbeat (or a follower's watch) runs
+	joined       atomic.Bool          // this node's membership row was recorded and the node has not left
+	joins        atomic.Uint64        // successful joins of the membership row (a row taken over is joined again)
+	haltedFlag   atomic.Bool          // halted is set; readable from any goroutine
+	steps        int                  // heartbeat steps, for the membership refresh; heartbeat goroutine only
+	rowChecked   atomic.Int64         // mono() of the last join or check that the membership row is this node's
+	mustJoin     atomic.Bool          // the membership row must be recorded (again): the heartbeat and the lanes' keeper join (members.go)
+	joining      atomic.Bool          // a membership refresh or join runs (memberLater, joinNow: one at a time)
 
 	// Leader work (RunWhileLeader).
 	workers map[*worker]struct{} // under mu
@@ -114,7 +116,7 @@ type Cluster struct {
 
 // term is one acquired lease and the end of this node's belief in it.
 type term struct {
-	lease Lease
+	lease provider.Lease
 	until atomic.Int64 // monotonic deadline, see mono
 
 	// ctx is cancelled when the term ends, by the timer at the trust-window
@@ -136,7 +138,7 @@ func (c *Cluster) termMargin() time.Duration {
 }
 
 // newTerm starts the term of lease l, whose attempt started at start.
-func (c *Cluster) newTerm(l Lease, start int64) *term {
+func (c *Cluster) newTerm(l provider.Lease, start int64) *term {
 	t := &term{lease: l}
 	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -217,7 +219,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		c.log.Warn("cluster: ResignHoldOff is shorter than the longest wait between a polling follower's attempts (1.2 × HeartbeatInterval): after Resign this node may take the lease back before such a follower tries; leave it at its default or raise it",
 			"resign_hold_off", cfg.ResignHoldOff, "heartbeat_interval", cfg.HeartbeatInterval)
 	}
-	c.wit.pendingTx = map[string]Querier{}
+	c.wit.pendingTx = map[string]provider.Querier{}
 	c.workers = map[*worker]struct{}{}
 	c.wake = make(chan struct{}, 1)
 	c.lookupCtx, c.stopLookups = context.WithCancel(context.Background())
@@ -230,11 +232,11 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		c.own = newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, c.log)
 		c.provider = c.own
 	}
-	c.fencer, _ = c.provider.(Fencer)
-	c.chains, _ = c.provider.(ChainStore)
-	c.state, _ = c.provider.(StateStore)
-	c.releaser, _ = c.provider.(InstanceReleaser)
-	c.members, _ = c.provider.(MemberStore)
+	c.fencer, _ = c.provider.(provider.Fencer)
+	c.chains, _ = c.provider.(provider.ChainStore)
+	c.state, _ = c.provider.(provider.StateStore)
+	c.releaser, _ = c.provider.(provider.InstanceReleaser)
+	c.members, _ = c.provider.(provider.MemberStore)
 	switch {
 	case c.chains == nil && len(cfg.Chains) > 0:
 		return nil, c.errNoCapability("Config.Chains", "ChainStore")
@@ -243,11 +245,11 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	case c.state == nil && cfg.VaultKeyFingerprint != "":
 		return nil, c.errNoCapability("Config.VaultKeys", "StateStore")
 	}
-	if sc, ok := c.provider.(SchemaChecker); ok && cfg.SkipMigrations {
+	if sc, ok := c.provider.(provider.SchemaChecker); ok && cfg.SkipMigrations {
 		if err := sc.CheckSchema(ctx); err != nil {
 			return nil, fmt.Errorf("cluster: check lease store: %w", err)
 		}
-	} else if in, ok := c.provider.(Initializer); ok && !cfg.SkipMigrations {
+	} else if in, ok := c.provider.(provider.Initializer); ok && !cfg.SkipMigrations {
 		if err := in.Init(ctx); err != nil {
 			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
 		}
@@ -290,7 +292,7 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		if c.halted != nil {
 			return fail(c.halted)
 		}
-		if w, ok := c.provider.(ReleaseWatcher); ok && !cfg.PollOnly {
+		if w, ok := c.provider.(provider.ReleaseWatcher); ok && !cfg.PollOnly {
 			c.watchReleases(ctx, w)
 		}
 		c.wg.Add(1)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 func TestElectionOneLeader(t *testing.T) {
@@ -334,9 +335,9 @@ func selfFenceSQLite(t *testing.T, tg testdb.Target) {
 func TestTrustWindowEndsWithoutGoroutine(t *testing.T) {
 	t.Parallel()
 	stuck := make(chan struct{})
-	p := &fakeProvider{RenewFunc: func(context.Context, cluster.Lease, time.Duration) (cluster.Lease, error) {
+	p := &fakeProvider{RenewFunc: func(context.Context, provider.Lease, time.Duration) (provider.Lease, error) {
 		<-stuck
-		return cluster.Lease{}, errors.New("unstuck")
+		return provider.Lease{}, errors.New("unstuck")
 	}}
 	c := startFake(t, p)
 	defer close(stuck)
@@ -364,12 +365,12 @@ func TestTrustCountsFromTheRenewsStart(t *testing.T) {
 	var slowStart atomic.Int64 // unix nanoseconds
 	stuck := make(chan struct{})
 	var acquired atomic.Bool
-	p := &fakeProvider{AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+	p := &fakeProvider{AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 		if acquired.Swap(true) { // one term: IsLeader stays false once it ends
-			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: "o", FencingToken: 2, Remaining: time.Second}
+			return provider.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: "o", FencingToken: 2, Remaining: time.Second}
 		}
-		return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
-	}, RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+		return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+	}, RenewFunc: func(ctx context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 		switch calls.Add(1) {
 		case 1:
 			return l, nil
@@ -402,7 +403,7 @@ func TestTransientRenewFailureKeepsLease(t *testing.T) {
 	for range 3 {
 		failures <- struct{}{}
 	}
-	p := &fakeProvider{RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+	p := &fakeProvider{RenewFunc: func(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 		select {
 		case <-failures:
 			return l, errors.New("connection reset by peer")
@@ -428,7 +429,7 @@ func TestLeaseTakenEndsLeadership(t *testing.T) {
 	t.Parallel()
 	taken := make(chan struct{})
 	p := &fakeProvider{
-		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+		RenewFunc: func(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 			select {
 			case <-taken:
 				return l, cluster.ErrLeaseLost
@@ -508,8 +509,8 @@ func TestSlowHandlerDoesNotBlockRenew(t *testing.T) {
 
 func TestCustomProviderErrorsAreNotFatal(t *testing.T) {
 	t.Parallel()
-	p := &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
-		return cluster.Lease{}, errors.New("store unavailable")
+	p := &fakeProvider{AcquireFunc: func(context.Context, provider.LeaseRequest) (provider.Lease, error) {
+		return provider.Lease{}, errors.New("store unavailable")
 	}}
 	c := startFake(t, p) // a failed first acquire does not fail New
 	if c.IsLeader() {
@@ -525,11 +526,11 @@ func TestLongestLeaseTTLStaysLeader(t *testing.T) {
 	var acquires, renews atomic.Int64
 	renewed := make(chan struct{}, 1)
 	p := &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 			n := acquires.Add(1)
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: uint64(n)}, nil
+			return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: uint64(n)}, nil
 		},
-		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+		RenewFunc: func(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 			if renews.Add(1) >= 5 {
 				select {
 				case renewed <- struct{}{}:

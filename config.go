@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/cloudflare/circl/kem"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // Role says whether a node campaigns for the lease.
@@ -174,7 +176,7 @@ type Config struct {
 	// error for a longer prefix gives it.
 	TablePrefix string
 
-	// PollOnly turns off the watch of lease releases ([ReleaseWatcher]:
+	// PollOnly turns off the watch of lease releases ([provider.ReleaseWatcher]:
 	// PostgreSQL LISTEN with clusterpgx's providers, and the wake-ups of
 	// nodes that share a provider): followers then poll every heartbeat.
 	// Set it behind a transaction pooler such as PgBouncer in transaction
@@ -195,7 +197,7 @@ type Config struct {
 	// and TablePrefix are not used. Fence, Chains, WitnessFile and VaultKeys
 	// need the provider's optional capabilities (Fencer, ChainStore,
 	// StateStore); New refuses a Config that needs one the provider lacks.
-	Provider Provider
+	Provider provider.Provider
 
 	// OnTransition, when set, is registered as the first transition handler;
 	// see [Cluster.OnTransition].
@@ -218,7 +220,7 @@ type Config struct {
 
 	// Chains lists the hash-chained tables whose tips [New], and every
 	// acquisition, check for rollback; see [Cluster.AdvanceTip]. Needs a
-	// provider that implements [ChainStore], as the default ones do.
+	// provider that implements [provider.ChainStore], as the default ones do.
 	Chains []Chain
 
 	// WitnessFile, when set, is a local file in which this node records the

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // The config version: one number per cluster (per LeaseName) in
@@ -34,12 +36,12 @@ type configState struct {
 // any (on every dialect), and otherwise in a read of its own (one more
 // statement per heartbeat; see BENCHMARKS.md). A node that never calls
 // them reads nothing and emits no config-version-changed event. It needs
-// a provider that implements [ConfigStore], as the default ones do.
+// a provider that implements [provider.ConfigStore], as the default ones do.
 func (c *Cluster) ConfigVersion(ctx context.Context) (uint64, error) {
 	if c.isDefault() {
 		return stdConfigVersion(ctx)
 	}
-	store, ok := c.provider.(ConfigStore)
+	store, ok := c.provider.(provider.ConfigStore)
 	if !ok {
 		return 0, c.errNoCapability("ConfigVersion", "ConfigStore")
 	}
@@ -79,7 +81,7 @@ func (c *Cluster) BumpConfigVersion(ctx context.Context) (uint64, error) {
 	if c.isDefault() {
 		return stdBumpConfigVersion(ctx)
 	}
-	store, ok := c.provider.(ConfigStore)
+	store, ok := c.provider.(provider.ConfigStore)
 	if !ok {
 		return 0, c.errNoCapability("BumpConfigVersion", "ConfigStore")
 	}
@@ -128,7 +130,7 @@ func (c *Cluster) observeConfig(v uint64) {
 // refreshConfig is the keeper's read of the config version while no lane
 // was claimed.
 func (c *Cluster) refreshConfig(ctx context.Context) {
-	store, ok := c.provider.(ConfigStore)
+	store, ok := c.provider.(provider.ConfigStore)
 	if !ok {
 		return
 	}

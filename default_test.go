@@ -19,6 +19,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // useDefault gives the test a default instance on which Init was never
@@ -413,7 +414,7 @@ func TestDefaultShutdownDuringInit(t *testing.T) {
 	proceed := make(chan struct{})
 	var first sync.Once
 	acquire := p.AcquireFunc
-	p.AcquireFunc = func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+	p.AcquireFunc = func(ctx context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 		first.Do(func() {
 			close(acquiring)
 			<-proceed
@@ -489,8 +490,8 @@ func TestDefaultRunWhileLeader(t *testing.T) {
 
 	// A failing Init ends single-node work, after waiting for it, and
 	// none runs while nothing leads.
-	failing := fakeConfig(t, "n1", &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
-		return cluster.Lease{}, errors.New("unreachable")
+	failing := fakeConfig(t, "n1", &fakeProvider{AcquireFunc: func(context.Context, provider.LeaseRequest) (provider.Lease, error) {
+		return provider.Lease{}, errors.New("unreachable")
 	}})
 	failing.Provider = initFailer{failing.Provider, errors.New("database unreachable")}
 	if err := cluster.Init(ctx, failing); err == nil {

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A dialect is everything the SQL provider does differently on one
@@ -21,23 +23,23 @@ type dialect interface {
 	queries() *queries
 	// prepare runs once per Init on conn: it reads what the dialect needs
 	// to know of the server, and warns of what is amiss.
-	prepare(ctx context.Context, conn Querier, p *DBProvider) error
+	prepare(ctx context.Context, conn provider.Querier, p *DBProvider) error
 	// lockSchema serializes schema changes across nodes on conn; unlock
 	// ends the lock, committing when ok.
-	lockSchema(ctx context.Context, conn Querier, prefix string) (unlock func(ok bool) error, err error)
+	lockSchema(ctx context.Context, conn provider.Querier, prefix string) (unlock func(ok bool) error, err error)
 	// ddlErrorOK reports a DDL error that means "already there".
 	ddlErrorOK(err error) bool
 	// acquire runs the acquisition on conn: whether it was granted, and
 	// the lease row after it.
-	acquire(ctx context.Context, conn Querier, req LeaseRequest) (granted bool, r row, err error)
+	acquire(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (granted bool, r row, err error)
 	// renew extends term l by ttl and returns the new expiry, unix ms, or
 	// an error matching sql.ErrNoRows when l no longer holds the lease.
-	renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (expires int64, err error)
+	renew(ctx context.Context, conn provider.Querier, l provider.Lease, ttl time.Duration) (expires int64, err error)
 	// bound returns statement q with a server-side time limit, where the
 	// dialect needs one so that no statement outlives its caller.
 	bound(q string, limit time.Duration) string
 	// fence runs the fence query in tx and returns the lease row.
-	fence(ctx context.Context, tx Querier, name string, ttl time.Duration, limit time.Duration) (row, error)
+	fence(ctx context.Context, tx provider.Querier, name string, ttl time.Duration, limit time.Duration) (row, error)
 	// classify names the sentinel and the hint for a driver error, and
 	// the guard code (SFnnn) a trigger raised, if any.
 	classify(err error) (kind error, hint, guard string)
@@ -249,22 +251,22 @@ type row struct {
 // follower that expects the lease held (LeaseRequest.Poll): it never
 // grants, and reads the lease row as the dialect's leader query does.
 type poller interface {
-	poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error)
+	poll(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (row, error)
 }
 
 // warmer is a dialect whose database sessions grant the lease faster once
 // warmed: after a refused acquisition on a cold session, the provider warms
 // it, so that the session's first grant, a handoff, is not also its slowest.
 type warmer interface {
-	warm(ctx context.Context, conn Querier) error
+	warm(ctx context.Context, conn provider.Querier) error
 }
 
-func (r *row) scan(s Row) error {
+func (r *row) scan(s provider.Row) error {
 	return s.Scan(&r.holder, &r.instance, &r.token, &r.expiresAt, &r.endpoint, &r.now)
 }
 
-func (r row) lease(name string) Lease {
-	return Lease{Name: name, Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint,
+func (r row) lease(name string) provider.Lease {
+	return provider.Lease{Name: name, Holder: r.holder, Instance: r.instance, Endpoint: r.endpoint,
 		FencingToken: uint64(r.token), ExpiresAt: time.UnixMilli(r.expiresAt)}
 }
 

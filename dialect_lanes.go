@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // laneDialect is what the dialects do differently for lanes and the config
@@ -15,12 +17,12 @@ type laneDialect interface {
 	// claimLane runs the claim in tx: whether it was granted, and the
 	// lane row after it when it was. Not granted says nothing of the row,
 	// which the caller reads.
-	claimLane(ctx context.Context, tx Querier, req LaneRequest, limit time.Duration) (granted bool, r laneRow, err error)
+	claimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, limit time.Duration) (granted bool, r laneRow, err error)
 	// refreshLanes renews the instance's unexpired lanes and returns the
 	// report rows that lane_report describes.
-	refreshLanes(ctx context.Context, conn Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error)
+	refreshLanes(ctx context.Context, conn provider.Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error)
 	// bumpConfig increments the config version of scope and returns it.
-	bumpConfig(ctx context.Context, conn Querier, scope string) (int64, error)
+	bumpConfig(ctx context.Context, conn provider.Querier, scope string) (int64, error)
 }
 
 var (
@@ -48,7 +50,7 @@ type laneRow struct {
 	token, acquired, renewed, expires, now int64
 }
 
-func (r *laneRow) scan(s Row) error {
+func (r *laneRow) scan(s provider.Row) error {
 	return s.Scan(&r.holder, &r.instance, &r.token, &r.acquired, &r.renewed, &r.expires, &r.now)
 }
 
@@ -64,7 +66,7 @@ func (r laneRow) held(key string) *LaneHeldError {
 }
 
 // claimReturning runs a lane_claim that returns the row it claimed, or none.
-func claimReturning(ctx context.Context, tx Querier, q string, req LaneRequest, timeout any) (bool, laneRow, error) {
+func claimReturning(ctx context.Context, tx provider.Querier, q string, req provider.LaneRequest, timeout any) (bool, laneRow, error) {
 	var r laneRow
 	err := r.scan(tx.QueryRow(ctx, q, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Scope, req.Key, req.Instance, timeout))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -75,31 +77,31 @@ func claimReturning(ctx context.Context, tx Querier, q string, req LaneRequest, 
 
 // PostgreSQL bounds the wait for the lane row and the transaction's idle
 // time in the claim itself, as fence does.
-func (d *postgres) claimLane(ctx context.Context, tx Querier, req LaneRequest, limit time.Duration) (bool, laneRow, error) {
+func (d *postgres) claimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, limit time.Duration) (bool, laneRow, error) {
 	return claimReturning(ctx, tx, d.q.LaneClaim, req, strconv.FormatInt(max(limit, time.Millisecond).Milliseconds(), 10))
 }
 
 // refreshLanes renews and reports in one statement, which skips the lanes
 // a transaction of this node holds (its claim renewed them).
-func (d *postgres) refreshLanes(ctx context.Context, conn Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
+func (d *postgres) refreshLanes(ctx context.Context, conn provider.Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
 	return queryRows(ctx, conn, d.q.LaneRefresh, ttl.Milliseconds(), scope, instance, window.Milliseconds())
 }
 
-func (d *postgres) bumpConfig(ctx context.Context, conn Querier, scope string) (int64, error) {
+func (d *postgres) bumpConfig(ctx context.Context, conn provider.Querier, scope string) (int64, error) {
 	var v int64
 	err := conn.QueryRow(ctx, d.q.ConfigBump, scope).Scan(&v)
 	return v, err
 }
 
-func (d *sqlite) claimLane(ctx context.Context, tx Querier, req LaneRequest, limit time.Duration) (bool, laneRow, error) {
+func (d *sqlite) claimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, limit time.Duration) (bool, laneRow, error) {
 	return claimReturning(ctx, tx, d.q.LaneClaim, req, limit.Milliseconds())
 }
 
-func (d *sqlite) refreshLanes(ctx context.Context, conn Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
+func (d *sqlite) refreshLanes(ctx context.Context, conn provider.Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
 	return renewThenReport(ctx, conn, d.q.LaneRenew, d.q.LaneReport, scope, instance, ttl, window)
 }
 
-func (d *sqlite) bumpConfig(ctx context.Context, conn Querier, scope string) (int64, error) {
+func (d *sqlite) bumpConfig(ctx context.Context, conn provider.Querier, scope string) (int64, error) {
 	var v int64
 	err := conn.QueryRow(ctx, d.q.ConfigBump, scope).Scan(&v)
 	return v, err
@@ -109,7 +111,7 @@ func (d *sqlite) bumpConfig(ctx context.Context, conn Querier, scope string) (in
 // MariaDB, the transaction's idle time, as fence does; MySQL has no
 // RETURNING, so a granted claim is read back in tx, which sees its own
 // write.
-func (d *mySQL) claimLane(ctx context.Context, tx Querier, req LaneRequest, limit time.Duration) (bool, laneRow, error) {
+func (d *mySQL) claimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, limit time.Duration) (bool, laneRow, error) {
 	var r laneRow
 	if d.mariadb {
 		if _, err := tx.Exec(ctx, d.idleTimeout(req.TTL)); err != nil {
@@ -127,13 +129,13 @@ func (d *mySQL) claimLane(ctx context.Context, tx Querier, req LaneRequest, limi
 	return r.instance == req.Instance, r, nil
 }
 
-func (d *mySQL) refreshLanes(ctx context.Context, conn Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
+func (d *mySQL) refreshLanes(ctx context.Context, conn provider.Querier, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
 	return renewThenReport(ctx, conn, d.bound(d.q.LaneRenew, statementLimit(ctx)), d.q.LaneReport, scope, instance, ttl, window)
 }
 
 // bumpConfig increments in one statement, which leaves the new version in
 // LAST_INSERT_ID for this connection to read.
-func (d *mySQL) bumpConfig(ctx context.Context, conn Querier, scope string) (int64, error) {
+func (d *mySQL) bumpConfig(ctx context.Context, conn provider.Querier, scope string) (int64, error) {
 	if _, err := conn.Exec(ctx, d.bound(d.q.ConfigBump, statementLimit(ctx)), scope); err != nil {
 		return 0, err
 	}
@@ -144,7 +146,7 @@ func (d *mySQL) bumpConfig(ctx context.Context, conn Querier, scope string) (int
 
 // renewThenReport is the lane heartbeat in two statements: one UPDATE
 // renewing every unexpired lane of the instance, then the report.
-func renewThenReport(ctx context.Context, conn Querier, renew, report, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
+func renewThenReport(ctx context.Context, conn provider.Querier, renew, report, scope, instance string, ttl, window time.Duration) (*rowIter, error) {
 	if _, err := conn.Exec(ctx, renew, ttl.Milliseconds(), scope, instance); err != nil {
 		return nil, err
 	}

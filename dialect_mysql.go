@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // mySQL is the MySQL 8.0 and MariaDB 10.5+ dialect (go-sql-driver/mysql).
@@ -56,7 +58,7 @@ func (d *mySQL) queries() *queries { return &d.q.queries }
 // prepare tells MariaDB from MySQL, and warns when this role may create
 // temporary tables, which lets a session of it hide the lease table from
 // the chain-tip guard (see schema/mysql.sql).
-func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
+func (d *mySQL) prepare(ctx context.Context, conn provider.Querier, p *DBProvider) error {
 	var version string
 	if err := conn.QueryRow(ctx, d.q.ServerVersion).Scan(&version); err != nil {
 		return p.wrap("read server version", err)
@@ -71,7 +73,7 @@ func (d *mySQL) prepare(ctx context.Context, conn Querier, p *DBProvider) error 
 	return nil
 }
 
-func (d *mySQL) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {
+func (d *mySQL) lockSchema(ctx context.Context, conn provider.Querier, prefix string) (func(bool) error, error) {
 	background := context.WithoutCancel(ctx)
 	name := "sqlfence_cluster_schema:" + prefix
 	var got sql.NullInt64
@@ -111,7 +113,7 @@ func (d *mySQL) ddlErrorOK(err error) bool {
 // of the term granted, or for who took it first. A release that commits
 // just after the read is missed, as if the attempt had come just before
 // it.
-func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
+func (d *mySQL) acquire(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (bool, row, error) {
 	var r row
 	limit := statementLimit(ctx)
 	for attempt := 0; ; attempt++ {
@@ -147,7 +149,7 @@ func (d *mySQL) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bo
 
 // renew extends the term with one UPDATE, then reads the new expiry that
 // the UPDATE left in LAST_INSERT_ID.
-func (d *mySQL) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {
+func (d *mySQL) renew(ctx context.Context, conn provider.Querier, l provider.Lease, ttl time.Duration) (int64, error) {
 	n, err := conn.Exec(ctx, d.bound(d.q.Renew, statementLimit(ctx)), ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	if err != nil {
 		return 0, err
@@ -193,7 +195,7 @@ func (d *mySQL) idleTimeout(ttl time.Duration) string {
 // has it (fence_mariadb): one statement on a connection that fenced
 // before; otherwise that read locks nothing and fence sets the limit and
 // reads again. MySQL 8 has no such variable.
-func (d *mySQL) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
+func (d *mySQL) fence(ctx context.Context, tx provider.Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
 	q := d.fenceQuery(ttl, limit)
 	if !d.mariadb {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // postgres is the PostgreSQL dialect (12 or later), through pgx's
@@ -63,7 +65,7 @@ func (d *postgres) queries() *queries { return &d.q.queries }
 // lease, and the node would renew and fence a copy. It fails when there
 // is no schema to create the tables in; the schema file pins the same
 // schema, with pg_temp after it, into the guard functions.
-func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
+func (d *postgres) prepare(ctx context.Context, conn provider.Querier, p *DBProvider) error {
 	d.schemaMu.Lock()
 	defer d.schemaMu.Unlock()
 	if d.schema != "" {
@@ -88,7 +90,7 @@ func (d *postgres) prepare(ctx context.Context, conn Querier, p *DBProvider) err
 // the schema the queries name (tables found further down the
 // search_path would otherwise be left behind, unguarded, and a second
 // set created).
-func (d *postgres) pinSearchPath(ctx context.Context, conn Querier) error {
+func (d *postgres) pinSearchPath(ctx context.Context, conn provider.Querier) error {
 	d.schemaMu.Lock()
 	schema := d.schema
 	d.schemaMu.Unlock()
@@ -99,7 +101,7 @@ func (d *postgres) pinSearchPath(ctx context.Context, conn Querier) error {
 	return err
 }
 
-func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) (func(bool) error, error) {
+func (d *postgres) lockSchema(ctx context.Context, conn provider.Querier, prefix string) (func(bool) error, error) {
 	background := context.WithoutCancel(ctx)
 	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
 		return nil, err
@@ -114,7 +116,7 @@ func (d *postgres) lockSchema(ctx context.Context, conn Querier, prefix string) 
 
 func (d *postgres) ddlErrorOK(error) bool { return false }
 
-func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
+func (d *postgres) acquire(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (bool, row, error) {
 	var r row
 	var granted, warm bool
 	err := conn.QueryRow(ctx, d.q.Acquire, req.Holder, req.Instance, req.TTL.Milliseconds(), req.Endpoint, req.Name).
@@ -130,7 +132,7 @@ func (d *postgres) acquire(ctx context.Context, conn Querier, req LeaseRequest) 
 
 // poll reads the lease row for a follower's routine attempt
 // (LeaseRequest.Poll), refreshing its membership as an attempt does.
-func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (row, error) {
+func (d *postgres) poll(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (row, error) {
 	var r row
 	err := r.scan(conn.QueryRow(ctx, d.q.Poll, req.Name, req.Instance))
 	return r, err
@@ -138,12 +140,12 @@ func (d *postgres) poll(ctx context.Context, conn Querier, req LeaseRequest) (ro
 
 // warm prepares conn's database session for its first grant (the warm
 // query), after an acquisition on it was refused.
-func (d *postgres) warm(ctx context.Context, conn Querier) error {
+func (d *postgres) warm(ctx context.Context, conn provider.Querier) error {
 	_, err := conn.Exec(ctx, d.q.Warm)
 	return err
 }
 
-func (d *postgres) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {
+func (d *postgres) renew(ctx context.Context, conn provider.Querier, l provider.Lease, ttl time.Duration) (int64, error) {
 	var expires int64
 	err := conn.QueryRow(ctx, d.q.Renew, ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken)).Scan(&expires)
 	return expires, err
@@ -151,7 +153,7 @@ func (d *postgres) renew(ctx context.Context, conn Querier, l Lease, ttl time.Du
 
 func (d *postgres) bound(q string, _ time.Duration) string { return q }
 
-func (d *postgres) fence(ctx context.Context, tx Querier, name string, ttl, _ time.Duration) (row, error) {
+func (d *postgres) fence(ctx context.Context, tx provider.Querier, name string, ttl, _ time.Duration) (row, error) {
 	var r row
 	err := r.scan(tx.QueryRow(ctx, d.q.Fence, name, strconv.FormatInt(ttl.Milliseconds(), 10)))
 	return r, err
@@ -190,7 +192,7 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 func (d *postgres) transient(error) bool { return false }
 
 // endTx ends the transaction on conn, committing when ok.
-func endTx(ctx context.Context, conn Querier, ok bool) error {
+func endTx(ctx context.Context, conn provider.Querier, ok bool) error {
 	if !ok {
 		_, err := conn.Exec(ctx, "ROLLBACK")
 		return err

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // sqlite is the SQLite dialect (3.42 or later, modernc.org/sqlite): nodes
@@ -33,7 +35,7 @@ func (d *sqlite) name() Dialect     { return SQLite }
 func (d *sqlite) queries() *queries { return &d.q.queries }
 
 // prepare warns when nodes would fail instead of waiting for each other.
-func (d *sqlite) prepare(ctx context.Context, conn Querier, p *DBProvider) error {
+func (d *sqlite) prepare(ctx context.Context, conn provider.Querier, p *DBProvider) error {
 	var ms int64
 	if err := conn.QueryRow(ctx, d.q.BusyTimeout).Scan(&ms); err == nil && ms == 0 {
 		p.log.WarnContext(ctx, "cluster: SQLite busy_timeout is 0, so nodes sharing the file fail instead of waiting for each other; "+
@@ -42,7 +44,7 @@ func (d *sqlite) prepare(ctx context.Context, conn Querier, p *DBProvider) error
 	return nil
 }
 
-func (d *sqlite) lockSchema(ctx context.Context, conn Querier, _ string) (func(bool) error, error) {
+func (d *sqlite) lockSchema(ctx context.Context, conn provider.Querier, _ string) (func(bool) error, error) {
 	if _, err := conn.Exec(ctx, d.q.SchemaLock); err != nil {
 		return nil, err
 	}
@@ -52,7 +54,7 @@ func (d *sqlite) lockSchema(ctx context.Context, conn Querier, _ string) (func(b
 
 func (d *sqlite) ddlErrorOK(error) bool { return false }
 
-func (d *sqlite) acquire(ctx context.Context, conn Querier, req LeaseRequest) (bool, row, error) {
+func (d *sqlite) acquire(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (bool, row, error) {
 	var r row
 	// Read first: a read takes no write lock (in WAL mode it waits for no
 	// writer either), so an attempt on an unexpired term neither waits for
@@ -76,7 +78,7 @@ func (d *sqlite) acquire(ctx context.Context, conn Querier, req LeaseRequest) (b
 	return granted, r, err
 }
 
-func (d *sqlite) renew(ctx context.Context, conn Querier, l Lease, ttl time.Duration) (int64, error) {
+func (d *sqlite) renew(ctx context.Context, conn provider.Querier, l provider.Lease, ttl time.Duration) (int64, error) {
 	var expires int64
 	err := conn.QueryRow(ctx, d.q.Renew, ttl.Milliseconds(), l.Name, l.Holder, l.Instance, int64(l.FencingToken)).Scan(&expires)
 	return expires, err
@@ -84,7 +86,7 @@ func (d *sqlite) renew(ctx context.Context, conn Querier, l Lease, ttl time.Dura
 
 func (d *sqlite) bound(q string, _ time.Duration) string { return q }
 
-func (d *sqlite) fence(ctx context.Context, tx Querier, name string, ttl, limit time.Duration) (row, error) {
+func (d *sqlite) fence(ctx context.Context, tx provider.Querier, name string, ttl, limit time.Duration) (row, error) {
 	var r row
 	err := r.scan(tx.QueryRow(ctx, d.fenceQuery(ttl, limit), name, ttl.Milliseconds()))
 	return r, err

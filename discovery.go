@@ -32,24 +32,6 @@ func (c *Cluster) DiscoveryHandler() http.Handler {
 	return http.HandlerFunc(c.serveDiscovery)
 }
 
-// MarshalJSON encodes l as the discovery handler does:
-// {"nodeId":…,"endpoint":…,"fencingToken":…,"leaseExpiresAt":…}, with the
-// expiry in unix milliseconds and null for an empty endpoint or a lease
-// that never expires.
-func (l Leader) MarshalJSON() ([]byte, error) {
-	v := struct {
-		NodeID         string  `json:"nodeId"`
-		Endpoint       *string `json:"endpoint"`
-		FencingToken   uint64  `json:"fencingToken"`
-		LeaseExpiresAt *int64  `json:"leaseExpiresAt"`
-	}{NodeID: l.NodeID, Endpoint: optional(l.Endpoint), FencingToken: l.FencingToken}
-	if !l.LeaseExpiresAt.IsZero() {
-		ms := l.LeaseExpiresAt.UnixMilli()
-		v.LeaseExpiresAt = &ms
-	}
-	return json.Marshal(v)
-}
-
 type discoverySelf struct {
 	NodeID   string  `json:"nodeId"`
 	Endpoint *string `json:"endpoint"`

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // get calls h and returns the status, the headers and the decoded body.
@@ -106,8 +107,8 @@ func TestDiscoveryCoalescesLookups(t *testing.T) {
 	var calls atomic.Int32
 	gate := make(chan struct{})
 	p := &fakeProvider{
-		AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
-			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "x", Remaining: time.Second}
+		AcquireFunc: func(context.Context, provider.LeaseRequest) (provider.Lease, error) {
+			return provider.Lease{}, &cluster.LeaseHeldError{Holder: "x", Remaining: time.Second}
 		},
 		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
 			calls.Add(1)
@@ -143,8 +144,8 @@ func TestDiscoveryCoalescesLookups(t *testing.T) {
 func TestDiscoveryCancelledRequest(t *testing.T) {
 	t.Parallel()
 	p := &fakeProvider{
-		AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
-			return cluster.Lease{}, errors.New("down")
+		AcquireFunc: func(context.Context, provider.LeaseRequest) (provider.Lease, error) {
+			return provider.Lease{}, errors.New("down")
 		},
 		LeaderFunc: func(ctx context.Context, _ string) (*cluster.Leader, error) {
 			select {

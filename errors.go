@@ -21,12 +21,12 @@ var (
 	// ErrInvalidConfig is wrapped by every error from [Config.Validate].
 	ErrInvalidConfig = errors.New("cluster: invalid config")
 
-	// ErrLeaseLost is returned by [Provider.Renew] when the lease is no
+	// ErrLeaseLost is returned by [provider.Provider.Renew] when the lease is no
 	// longer held by the term being renewed: it expired, was released, or
 	// another node acquired it.
 	ErrLeaseLost = errors.New("cluster: lease lost")
 
-	// ErrLeaseHeld is returned by [Provider.Acquire] when another term holds
+	// ErrLeaseHeld is returned by [provider.Provider.Acquire] when another term holds
 	// an unexpired lease. The error is a [*LeaseHeldError] with the details.
 	ErrLeaseHeld = errors.New("cluster: lease held by another node")
 

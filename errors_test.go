@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 func TestReadOnlyDatabase(t *testing.T) {
@@ -24,7 +25,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "a", Instance: "i", TTL: time.Second})
+		_, err = p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "a", Instance: "i", TTL: time.Second})
 		if !errors.Is(err, cluster.ErrReadOnly) || !strings.Contains(err.Error(), "read-only") {
 			t.Fatalf("Acquire on a read-only database = %v, want ErrReadOnly", err)
 		}

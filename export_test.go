@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // Hooks for the external tests (package cluster_test).
@@ -68,7 +70,7 @@ func SetRowCheckEvery(t interface{ Cleanup(func()) }, d time.Duration) {
 }
 
 // TxQuerier is the package's Querier over a database/sql transaction.
-func TxQuerier(tx *sql.Tx) Querier { return sqlQuerier{tx} }
+func TxQuerier(tx *sql.Tx) provider.Querier { return sqlQuerier{tx} }
 
 // MigrateTo runs p's migration for a build whose schema is version, with
 // ddl its whole schema file: the path of the next real schema change.

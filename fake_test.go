@@ -10,33 +10,34 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // fakeProvider is a Provider whose behaviour each test sets.
 type fakeProvider struct {
-	AcquireFunc func(context.Context, cluster.LeaseRequest) (cluster.Lease, error)
-	RenewFunc   func(context.Context, cluster.Lease, time.Duration) (cluster.Lease, error)
-	ReleaseFunc func(context.Context, cluster.Lease) error
+	AcquireFunc func(context.Context, provider.LeaseRequest) (provider.Lease, error)
+	RenewFunc   func(context.Context, provider.Lease, time.Duration) (provider.Lease, error)
+	ReleaseFunc func(context.Context, provider.Lease) error
 	LeaderFunc  func(context.Context, string) (*cluster.Leader, error)
 }
 
-var _ cluster.Provider = (*fakeProvider)(nil)
+var _ provider.Provider = (*fakeProvider)(nil)
 
-func (f *fakeProvider) Acquire(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+func (f *fakeProvider) Acquire(ctx context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 	if f.AcquireFunc == nil {
-		return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, Endpoint: r.Endpoint, FencingToken: 1}, nil
+		return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, Endpoint: r.Endpoint, FencingToken: 1}, nil
 	}
 	return f.AcquireFunc(ctx, r)
 }
 
-func (f *fakeProvider) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) (cluster.Lease, error) {
+func (f *fakeProvider) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
 	if f.RenewFunc == nil {
 		return l, nil
 	}
 	return f.RenewFunc(ctx, l, ttl)
 }
 
-func (f *fakeProvider) Release(ctx context.Context, l cluster.Lease) error {
+func (f *fakeProvider) Release(ctx context.Context, l provider.Lease) error {
 	if f.ReleaseFunc == nil {
 		return nil
 	}
@@ -51,7 +52,7 @@ func (f *fakeProvider) Leader(ctx context.Context, name string) (*cluster.Leader
 }
 
 // fakeConfig is a configuration over p with the test timings.
-func fakeConfig(t *testing.T, id string, p cluster.Provider) cluster.Config {
+func fakeConfig(t *testing.T, id string, p provider.Provider) cluster.Config {
 	return cluster.Config{
 		NodeID:            id,
 		Provider:          p,
@@ -64,7 +65,7 @@ func fakeConfig(t *testing.T, id string, p cluster.Provider) cluster.Config {
 
 // startFake starts a node over the fake provider p, shut down when the
 // test ends.
-func startFake(t *testing.T, p cluster.Provider) *node {
+func startFake(t *testing.T, p provider.Provider) *node {
 	t.Helper()
 	log := &eventLog{}
 	cfg := fakeConfig(t, "a", p)
@@ -83,9 +84,9 @@ func leaderProvider() *fakeProvider {
 	var holder atomic.Value
 	holder.Store("")
 	return &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 			holder.Store(r.Holder)
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+			return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
 		},
 		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
 			return &cluster.Leader{NodeID: holder.Load().(string), FencingToken: 1}, nil
@@ -96,7 +97,7 @@ func leaderProvider() *fakeProvider {
 // initFailer is a store that cannot be prepared, as an unreachable
 // database: Init fails with err, so New and cluster.Init do.
 type initFailer struct {
-	cluster.Provider
+	provider.Provider
 	err error
 }
 
@@ -116,17 +117,17 @@ func newLeaseBook() *leaseBook { return &leaseBook{released: make(chan uint64, 1
 
 func (b *leaseBook) provider() *fakeProvider {
 	return &fakeProvider{
-		AcquireFunc: func(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			if b.holder != "" {
-				return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: b.holder, FencingToken: b.token, Remaining: time.Second}
+				return provider.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: b.holder, FencingToken: b.token, Remaining: time.Second}
 			}
 			b.token++
 			b.holder = r.Instance
-			return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: b.token}, nil
+			return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: b.token}, nil
 		},
-		RenewFunc: func(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+		RenewFunc: func(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			switch {
@@ -137,7 +138,7 @@ func (b *leaseBook) provider() *fakeProvider {
 			}
 			return l, nil
 		},
-		ReleaseFunc: func(_ context.Context, l cluster.Lease) error {
+		ReleaseFunc: func(_ context.Context, l provider.Lease) error {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			if b.holder == l.Instance && (l.FencingToken == 0 || l.FencingToken == b.token) {

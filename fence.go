@@ -11,12 +11,13 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sqlfence/cluster/internal/fencedbegin"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A Tx is the transaction that [Cluster.Fence], [Cluster.AdvanceTip] and
 // [Cluster.ClaimLane] work in: a *sql.Tx (or a *sql.Conn, in a transaction
 // it began), or a transaction of another driver through an adapter that
-// also implements [Querier]: clusterpgx.Tx(tx) for a pgx.Tx.
+// also implements [provider.Querier]: clusterpgx.Tx(tx) for a pgx.Tx.
 type Tx interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
@@ -38,7 +39,7 @@ var (
 // error wrapping ErrInvalidConfig for a tx that is nil or that cannot read
 // rows. It is checked before call changes anything or asks whether this
 // node leads.
-func querierOf(call string, tx Tx) (Querier, error) {
+func querierOf(call string, tx Tx) (provider.Querier, error) {
 	switch t := tx.(type) {
 	case nil:
 		return nil, errNilTx(call, nil)
@@ -54,7 +55,7 @@ func querierOf(call string, tx Tx) (Querier, error) {
 		if t == nil {
 			return nil, errNilTx(call, t)
 		}
-	case Querier:
+	case provider.Querier:
 		return t, nil
 	}
 	h, ok := tx.(sqlHandle)
@@ -311,13 +312,13 @@ type preparedQuerier struct {
 	f  *preparedFence
 }
 
-func (q preparedQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
+func (q preparedQuerier) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
 	prepared, ok := q.f.stmts[query]
 	if !ok {
 		return q.sqlQuerier.QueryRow(ctx, query, args...)
 	}
 	stmt := q.tx.StmtContext(ctx, prepared)
-	return preparedRow{stmt, stmt.QueryRowContext(ctx, args...), func() Row {
+	return preparedRow{stmt, stmt.QueryRowContext(ctx, args...), func() provider.Row {
 		return q.sqlQuerier.QueryRow(ctx, query, args...)
 	}}
 }
@@ -327,7 +328,7 @@ func (q preparedQuerier) QueryRow(ctx context.Context, query string, args ...any
 type preparedRow struct {
 	stmt     *sql.Stmt // the transaction's copy, closed once read (else at its end)
 	row      *sql.Row
-	fallback func() Row
+	fallback func() provider.Row
 }
 
 func (r preparedRow) Scan(dest ...any) error {
@@ -361,7 +362,7 @@ func errNilTx(call string, tx any) error {
 // nilQuerier reports whether q is nil or adapts a nil database/sql
 // handle: the provider's own check, for a caller that passes a Querier
 // directly rather than through a Cluster.
-func nilQuerier(q Querier) (bool, any) {
+func nilQuerier(q provider.Querier) (bool, any) {
 	switch t := q.(type) {
 	case nil:
 		return true, nil
@@ -381,7 +382,7 @@ func nilQuerier(q Querier) (bool, any) {
 }
 
 // checkQuerier is nilQuerier as an error for call.
-func checkQuerier(call string, q Querier) error {
+func checkQuerier(call string, q provider.Querier) error {
 	if isNil, given := nilQuerier(q); isNil {
 		return errNilTx(call, given)
 	}
@@ -406,11 +407,11 @@ func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64,
 	return res.RowsAffected()
 }
 
-func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
+func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
 	return q.h.QueryRowContext(ctx, query, args...)
 }
 
-func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (provider.Rows, error) {
 	h, ok := q.h.(interface {
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 	})
@@ -421,10 +422,10 @@ func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (Rows,
 }
 
 // rowIter reads the rows of a query on a connection of the provider.
-type rowIter struct{ r Rows }
+type rowIter struct{ r provider.Rows }
 
-func queryRows(ctx context.Context, conn Querier, q string, args ...any) (*rowIter, error) {
-	rq, ok := conn.(RowsQuerier)
+func queryRows(ctx context.Context, conn provider.Querier, q string, args ...any) (*rowIter, error) {
+	rq, ok := conn.(provider.RowsQuerier)
 	if !ok {
 		return nil, fmt.Errorf("%w: the Pool's connections (%T) cannot return rows: implement cluster.RowsQuerier", ErrInvalidConfig, conn)
 	}
@@ -439,17 +440,17 @@ func (it *rowIter) next() bool             { return it.r.Next() }
 func (it *rowIter) scan(dest ...any) error { return it.r.Scan(dest...) }
 func (it *rowIter) close() error           { return errors.Join(it.r.Err(), it.r.Close()) }
 
-// SQLPool returns the [Pool] over a database/sql pool that [NewDBProvider]
+// SQLPool returns the [provider.Pool] over a database/sql pool that [NewDBProvider]
 // uses, for a Pool of another package to build on (clusterpgx adds LISTEN
 // to it).
-func SQLPool(db *sql.DB) Pool { return sqlPool{db} }
+func SQLPool(db *sql.DB) provider.Pool { return sqlPool{db} }
 
 // sqlPool is a Pool over a database/sql pool.
 type sqlPool struct{ db *sql.DB }
 
 // Conn takes a connection, telling an exhausted pool apart from a slow
 // query.
-func (p sqlPool) Conn(ctx context.Context) (Querier, func(), error) {
+func (p sqlPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
 	conn, err := p.db.Conn(ctx)
 	if err == nil {
 		return sqlQuerier{conn}, func() { conn.Close() }, nil

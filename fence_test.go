@@ -17,6 +17,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A leader whose lease was taken while it still believes it leads is
@@ -123,7 +124,7 @@ func TestNilTransactionIsAnError(t *testing.T) {
 			}
 		}
 		// A Tx that cannot read rows (neither database/sql's nor a
-		// cluster.Querier) is refused with the fix, not run.
+		// provider.Querier) is refused with the fix, not run.
 		for name, err := range map[string]error{
 			"Fence":      func() error { _, err := a.Fence(ctx, execOnly{}); return err }(),
 			"ClaimLane":  func() error { _, err := a.ClaimLane(ctx, execOnly{}, "orders-1"); return err }(),
@@ -409,7 +410,7 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 	}
 }
 
-// recordingTx is a cluster.Querier over tx that records the statements.
+// recordingTx is a provider.Querier over tx that records the statements.
 type recordingTx struct {
 	tx      *sql.Tx
 	queries []string
@@ -428,7 +429,7 @@ func (untouchedTx) ExecContext(context.Context, string, ...any) (sql.Result, err
 	return nil, errTouched
 }
 func (untouchedTx) Exec(context.Context, string, ...any) (int64, error) { return 0, errTouched }
-func (untouchedTx) QueryRow(context.Context, string, ...any) cluster.Row {
+func (untouchedTx) QueryRow(context.Context, string, ...any) provider.Row {
 	return touchedRow{}
 }
 
@@ -472,7 +473,7 @@ func (a afterScan) Scan(dest ...any) error {
 	return err
 }
 
-func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
+func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
 	r.queries = append(r.queries, query)
 	if r.after == nil {
 		return r.tx.QueryRowContext(ctx, query, args...)
@@ -516,7 +517,7 @@ func refusedAcquireDoesNotWaitForFence(t *testing.T, tg testdb.Target) {
 	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	began := time.Now()
-	_, err = p.Acquire(actx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
+	_, err = p.Acquire(actx, provider.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
 	took := time.Since(began)
 	var held *cluster.LeaseHeldError
 	if !errors.As(err, &held) || held.Holder != "a" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // laneEvents returns the lane events of l, as "kind key token reason".
@@ -123,9 +124,9 @@ type renewFails struct {
 	fail atomic.Bool
 }
 
-func (p *renewFails) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (cluster.LaneReport, error) {
+func (p *renewFails) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (provider.LaneReport, error) {
 	if p.fail.Load() {
-		return cluster.LaneReport{}, errors.New("renew lanes: connection refused")
+		return provider.LaneReport{}, errors.New("renew lanes: connection refused")
 	}
 	return p.DBProvider.RenewLanes(ctx, scope, instance, ttl, window)
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // Lanes: partitioned work. A lane is a key (a partition, a queue, a
@@ -184,7 +186,7 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 	if c.isDefault() {
 		return stdLaneOwner(ctx, key)
 	}
-	store, ok := c.provider.(LaneStore)
+	store, ok := c.provider.(provider.LaneStore)
 	if !ok {
 		return nil, c.errNoCapability("LaneOwner", "LaneStore")
 	}
@@ -260,7 +262,7 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, err
 	if err != nil {
 		return 0, err
 	}
-	store, ok := c.provider.(LaneStore)
+	store, ok := c.provider.(provider.LaneStore)
 	if !ok {
 		return 0, c.errNoCapability("ClaimLane", "LaneStore")
 	}
@@ -274,7 +276,7 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, err
 	if !c.lanes.used.Swap(true) {
 		c.startKeeper() // renews from now on, and records that this node takes lanes
 	}
-	req := LaneRequest{Scope: c.cfg.LeaseName, Key: key, Holder: c.cfg.NodeID, Instance: c.instance, TTL: c.cfg.LeaseTTL}
+	req := provider.LaneRequest{Scope: c.cfg.LeaseName, Key: key, Holder: c.cfg.NodeID, Instance: c.instance, TTL: c.cfg.LeaseTTL}
 
 	c.lanes.mu.Lock()
 	_, held := c.lanes.held[key]
@@ -376,7 +378,7 @@ func (c *Cluster) laneWindow() time.Duration {
 
 // laneLimit is how many lanes this node may hold given census; counted
 // says whether census.Lanes counts the lane being claimed.
-func (c *Cluster) laneLimit(census LaneCensus, counted bool) (limit int, rule string) {
+func (c *Cluster) laneLimit(census provider.LaneCensus, counted bool) (limit int, rule string) {
 	lanes := census.Lanes
 	if !counted {
 		lanes++
@@ -393,7 +395,7 @@ func (c *Cluster) laneLimit(census LaneCensus, counted bool) (limit int, rule st
 // reserveLane admits a new claim of key within this node's limit, counting
 // the claims in flight; the caller undoes the reservation when the claim
 // returns.
-func (c *Cluster) reserveLane(key string, census LaneCensus, counted bool) error {
+func (c *Cluster) reserveLane(key string, census provider.LaneCensus, counted bool) error {
 	limit, rule := c.laneLimit(census, counted)
 	c.lanes.mu.Lock()
 	defer c.lanes.mu.Unlock()
@@ -418,7 +420,7 @@ func (c *Cluster) ReleaseLane(ctx context.Context, key string) error {
 	if c.isDefault() {
 		return stdReleaseLane(ctx, key)
 	}
-	store, ok := c.provider.(LaneStore)
+	store, ok := c.provider.(provider.LaneStore)
 	if !ok {
 		return c.errNoCapability("ReleaseLane", "LaneStore")
 	}
@@ -501,7 +503,7 @@ func (c *Cluster) keep(ctx context.Context, kick <-chan struct{}) {
 		}
 		start := mono()
 		covered := false
-		if store, ok := c.provider.(LaneStore); ok && c.lanes.used.Load() {
+		if store, ok := c.provider.(provider.LaneStore); ok && c.lanes.used.Load() {
 			covered = c.refreshLanes(ctx, store)
 		}
 		if !covered && c.conf.watching.Load() {
@@ -540,7 +542,7 @@ func (c *Cluster) keeperResult(ctx context.Context, what string, err error) {
 // refreshLanes is one heartbeat of this node's lanes: it renews them,
 // refreshes what OwnsLane reads, and hands over the lanes above this
 // node's share. It reports whether it also read the config version.
-func (c *Cluster) refreshLanes(ctx context.Context, store LaneStore) bool {
+func (c *Cluster) refreshLanes(ctx context.Context, store provider.LaneStore) bool {
 	if c.members != nil && c.mustJoin.Load() {
 		// The fair share counts members: a node whose membership row is
 		// missing (its join at Init failed, or the row was taken over)
@@ -729,7 +731,7 @@ func (c *Cluster) stopKeeper(ctx context.Context) {
 	c.lanes.held, c.lanes.shedding, c.lanes.released = nil, nil, nil
 	c.publishLanes()
 	c.lanes.mu.Unlock()
-	store, ok := c.provider.(LaneStore)
+	store, ok := c.provider.(provider.LaneStore)
 	if !ok || !c.lanes.used.Load() {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // Leader work starts on acquisition with the term's token; on Shutdown it
@@ -272,7 +273,7 @@ func TestReleaseWaitsForRenewInFlight(t *testing.T) {
 			held := make(chan struct{}, 1)
 			unblock := make(chan struct{})
 			p := &fakeProvider{
-				RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+				RenewFunc: func(ctx context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 					inFlight.Add(1)
 					defer inFlight.Add(-1)
 					if hold.CompareAndSwap(true, false) {
@@ -285,7 +286,7 @@ func TestReleaseWaitsForRenewInFlight(t *testing.T) {
 					}
 					return l, nil
 				},
-				ReleaseFunc: func(context.Context, cluster.Lease) error {
+				ReleaseFunc: func(context.Context, provider.Lease) error {
 					if inFlight.Load() > 0 {
 						overlapped.Store(true)
 					}
@@ -335,13 +336,13 @@ func TestSlowAcquisitionIsKept(t *testing.T) {
 	book := newLeaseBook()
 	p := book.provider()
 	grant := p.AcquireFunc
-	p.AcquireFunc = func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+	p.AcquireFunc = func(ctx context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 		l, err := grant(ctx, r) // committed now; the answer is slow
 		select {
 		case <-time.After(testdb.Heartbeat * 3 / 2):
 			return l, err
 		case <-ctx.Done():
-			return cluster.Lease{}, ctx.Err()
+			return provider.Lease{}, ctx.Err()
 		}
 	}
 	a := startFake(t, p)

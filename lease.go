@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // The lease state machine. One goroutine (run) owns every transition:
@@ -202,7 +204,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 	actx, cancel := context.WithTimeout(ctx, c.acquireTimeout())
 	poll := c.pollNext
 	c.pollNext = false
-	l, err := c.provider.Acquire(actx, LeaseRequest{
+	l, err := c.provider.Acquire(actx, provider.LeaseRequest{
 		Name:     c.cfg.LeaseName,
 		Holder:   c.cfg.NodeID,
 		Instance: c.instance,
@@ -250,7 +252,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			// error does not say when the attempt that read it began, so
 			// the term cannot be trusted from here: end it and campaign
 			// again for a term of our own.
-			if c.release(ctx, Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
+			if c.release(ctx, provider.Lease{Name: c.cfg.LeaseName, Holder: held.Holder, Instance: held.Instance, FencingToken: held.FencingToken}) == nil {
 				return 0
 			}
 			return c.cfg.HeartbeatInterval
@@ -322,7 +324,7 @@ func (c *Cluster) acquireTimeout() time.Duration {
 
 // verifyAcquired runs the rollback checks for a freshly acquired lease l.
 // On failure it releases l; a detected rollback also halts campaigning.
-func (c *Cluster) verifyAcquired(ctx context.Context, l Lease, start int64) error {
+func (c *Cluster) verifyAcquired(ctx context.Context, l provider.Lease, start int64) error {
 	if !c.checksRollback() {
 		return nil
 	}
@@ -382,7 +384,7 @@ func (c *Cluster) quiesce(t *term, cut time.Duration) {
 }
 
 // release expires term l in the store, bounded by one heartbeat.
-func (c *Cluster) release(ctx context.Context, l Lease) error {
+func (c *Cluster) release(ctx context.Context, l provider.Lease) error {
 	return c.releaseBy(ctx, func(rctx context.Context) error { return c.provider.Release(rctx, l) })
 }
 

@@ -35,7 +35,7 @@ func (c *Cluster) memberTimeout() time.Duration {
 // "left", until a node that joins an hour or more later takes over their
 // row; members whose process died without Shutdown, listed as not Live,
 // until one joins a week after they were last seen. It needs a provider
-// that implements [MemberStore], as the default ones do.
+// that implements [provider.MemberStore], as the default ones do.
 func (c *Cluster) Members(ctx context.Context) ([]Member, error) {
 	if c.isDefault() {
 		return stdMembers(ctx)

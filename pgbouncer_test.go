@@ -12,6 +12,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -24,9 +25,9 @@ import (
 
 func TestPgBouncerConformance(t *testing.T) {
 	t.Parallel()
-	providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+	providertest.Run(t, func(t *testing.T) func() provider.Provider {
 		tg := testdb.PgBouncer(t)
-		return func() cluster.Provider { return initProvider(t, tg, tg.Open(t)) }
+		return func() provider.Provider { return initProvider(t, tg, tg.Open(t)) }
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A follower waits a random 80% to 120% of the heartbeat between two
@@ -81,7 +82,7 @@ func TestPollingFollowerReadsBeforeItAttempts(t *testing.T) {
 	}
 	// Held for a minute by a node that never renews: b's attempts find it
 	// held with a minute left, so each next one is a routine poll.
-	if _, err := holder.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "x-instance", TTL: time.Minute}); err != nil {
+	if _, err := holder.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "x", Instance: "x-instance", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -134,13 +135,13 @@ func TestPollingFollowerReadsBeforeItAttempts(t *testing.T) {
 	}
 }
 
-// recordingPool is a cluster.Pool that tells record of every statement.
+// recordingPool is a provider.Pool that tells record of every statement.
 type recordingPool struct {
-	cluster.Pool
+	provider.Pool
 	record func(query string)
 }
 
-func (p recordingPool) Conn(ctx context.Context) (cluster.Querier, func(), error) {
+func (p recordingPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
 	q, release, err := p.Pool.Conn(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -149,7 +150,7 @@ func (p recordingPool) Conn(ctx context.Context) (cluster.Querier, func(), error
 }
 
 type recordingQuerier struct {
-	cluster.Querier
+	provider.Querier
 	record func(query string)
 }
 
@@ -158,7 +159,7 @@ func (q recordingQuerier) Exec(ctx context.Context, query string, args ...any) (
 	return q.Querier.Exec(ctx, query, args...)
 }
 
-func (q recordingQuerier) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
+func (q recordingQuerier) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
 	q.record(query)
 	return q.Querier.QueryRow(ctx, query, args...)
 }

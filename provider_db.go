@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // SchemaVersion is the version of the cluster tables this package writes.
@@ -26,25 +28,25 @@ const schemaLockTimeout = 5 * time.Second
 //go:embed schema/*.sql
 var schemaFS embed.FS
 
-// DBProvider is the default [Provider]: one row per lease in the table
+// DBProvider is the default [provider.Provider]: one row per lease in the table
 // <prefix>lease of a PostgreSQL, MySQL/MariaDB or SQLite database. It
-// also implements every optional capability ([Fencer], [ChainStore],
-// [StateStore], [InstanceReleaser], [Initializer], [SchemaChecker],
-// [MemberStore], [LaneStore], [ConfigStore], [ReleaseWatcher]), and a
+// also implements every optional capability ([provider.Fencer], [provider.ChainStore],
+// [provider.StateStore], [provider.InstanceReleaser], [provider.Initializer], [provider.SchemaChecker],
+// [provider.MemberStore], [provider.LaneStore], [provider.ConfigStore], [provider.ReleaseWatcher]), and a
 // node reaches it only through those interfaces: a type that wraps a
 // *DBProvider to add metrics or tracing keeps them all, whether it embeds
 // it or delegates each method.
 //
 // [New] builds one over [Config.DB] when [Config.Provider] is nil. Build
 // one yourself with [NewDBProvider] (database/sql), clusterpgx.NewProvider
-// (pgx) or [NewSQLProvider] (any driver, through a [Pool]), and call its
+// (pgx) or [NewSQLProvider] (any driver, through a [provider.Pool]), and call its
 // Init or CheckSchema before any other method ([New] does): on PostgreSQL
 // they resolve the schema of the cluster tables, which every statement
 // then names, so that a temporary table of the same name on a session
 // cannot stand in for one (before, statements name the tables as the
 // search_path finds them).
 type DBProvider struct {
-	pool   Pool
+	pool   provider.Pool
 	d      dialect
 	q      *queries
 	prefix string
@@ -81,27 +83,18 @@ const (
 )
 
 var (
-	_ Provider         = (*DBProvider)(nil)
-	_ Initializer      = (*DBProvider)(nil)
-	_ InstanceReleaser = (*DBProvider)(nil)
-	_ Fencer           = (*DBProvider)(nil)
-	_ ChainStore       = (*DBProvider)(nil)
-	_ StateStore       = (*DBProvider)(nil)
-	_ SchemaChecker    = (*DBProvider)(nil)
-	_ MemberStore      = (*DBProvider)(nil)
-	_ ReleaseWatcher   = (*DBProvider)(nil)
+	_ provider.Provider         = (*DBProvider)(nil)
+	_ provider.Initializer      = (*DBProvider)(nil)
+	_ provider.InstanceReleaser = (*DBProvider)(nil)
+	_ provider.Fencer           = (*DBProvider)(nil)
+	_ provider.ChainStore       = (*DBProvider)(nil)
+	_ provider.StateStore       = (*DBProvider)(nil)
+	_ provider.SchemaChecker    = (*DBProvider)(nil)
+	_ provider.MemberStore      = (*DBProvider)(nil)
+	_ provider.ReleaseWatcher   = (*DBProvider)(nil)
 )
 
-// A Pool gives [DBProvider] connections of any driver. Conn returns a
-// connection for the provider's use alone (statements that must run on
-// one session: a schema transaction, MySQL's LAST_INSERT_ID) and a func
-// that gives it back. An error that means no connection became free in
-// time should wrap [ErrPoolExhausted].
-type Pool interface {
-	Conn(ctx context.Context) (conn Querier, release func(), err error)
-}
-
-// NewDBProvider returns the default [Provider] over a database/sql pool:
+// NewDBProvider returns the default [provider.Provider] over a database/sql pool:
 // one row per lease in the table <tablePrefix>lease, created or upgraded
 // by its Init method (which [New] calls). An empty dialect is detected
 // from db's driver; an empty tablePrefix means "cluster_". Embed the
@@ -115,10 +108,10 @@ func NewDBProvider(db *sql.DB, dialect Dialect, tablePrefix string) (*DBProvider
 	return newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, slog.Default()), nil
 }
 
-// NewSQLProvider returns the default [Provider] over a pool of any driver
+// NewSQLProvider returns the default [provider.Provider] over a pool of any driver
 // that speaks dialect; see [DBProvider]. An empty tablePrefix means
 // "cluster_".
-func NewSQLProvider(pool Pool, dialect Dialect, tablePrefix string) (*DBProvider, error) {
+func NewSQLProvider(pool provider.Pool, dialect Dialect, tablePrefix string) (*DBProvider, error) {
 	if pool == nil {
 		return nil, configErrorf("NewSQLProvider needs a Pool")
 	}
@@ -149,7 +142,7 @@ func (p *DBProvider) TablePrefix() string { return p.prefix }
 
 // nopProvider stands in for a provider while a Config is resolved only for
 // its TablePrefix.
-type nopProvider struct{ Provider }
+type nopProvider struct{ provider.Provider }
 
 // Init checks the cluster tables and, only when they are missing or of an
 // older schema version, creates or upgrades them under a lock that
@@ -187,7 +180,7 @@ func (p *DBProvider) migrate(ctx context.Context, version int64, ddl string) err
 	return err
 }
 
-// CheckSchema implements [SchemaChecker]: it runs no DDL and returns an
+// CheckSchema implements [provider.SchemaChecker]: it runs no DDL and returns an
 // error wrapping [ErrSchema], saying what to run, unless the tables exist
 // at this build's [SchemaVersion].
 func (p *DBProvider) CheckSchema(ctx context.Context) error {
@@ -260,12 +253,12 @@ func (p *DBProvider) SchemaVersion(ctx context.Context) (int64, error) {
 // schemaVersion reads the recorded schema version without taking a lock:
 // 0 when the tables are missing, an error wrapping ErrSchema when it is
 // newer than this build.
-func (p *DBProvider) schemaVersion(ctx context.Context, conn Querier) (int64, error) {
+func (p *DBProvider) schemaVersion(ctx context.Context, conn provider.Querier) (int64, error) {
 	return p.versionAtMost(ctx, conn, SchemaVersion)
 }
 
 // versionAtMost is schemaVersion for a build whose schema is version.
-func (p *DBProvider) versionAtMost(ctx context.Context, conn Querier, version int64) (int64, error) {
+func (p *DBProvider) versionAtMost(ctx context.Context, conn provider.Querier, version int64) (int64, error) {
 	var have sql.NullInt64
 	if err := conn.QueryRow(ctx, p.q.VersionRead).Scan(&have); err != nil {
 		if errors.Is(p.wrap("", err), ErrSchema) {
@@ -283,10 +276,10 @@ func (p *DBProvider) versionAtMost(ctx context.Context, conn Querier, version in
 // applySchema creates or upgrades the tables; the caller holds the schema
 // lock. The schema file is idempotent and describes the whole current
 // schema, so it serves a new database and every older version alike.
-func (p *DBProvider) applySchema(ctx context.Context, conn Querier, version int64, file string) error {
+func (p *DBProvider) applySchema(ctx context.Context, conn provider.Querier, version int64, file string) error {
 	ddl := splitStatements(file)
 	if ps, ok := p.d.(interface {
-		pinSearchPath(ctx context.Context, conn Querier) error
+		pinSearchPath(ctx context.Context, conn provider.Querier) error
 	}); ok {
 		if err := ps.pinSearchPath(ctx, conn); err != nil {
 			return p.wrap("set the search_path of the schema transaction", err)
@@ -318,7 +311,7 @@ func (p *DBProvider) applySchema(ctx context.Context, conn Querier, version int6
 
 // conn takes a connection from the pool, retrying while the dialect calls
 // the failure transient.
-func (p *DBProvider) conn(ctx context.Context) (Querier, func(), error) {
+func (p *DBProvider) conn(ctx context.Context) (provider.Querier, func(), error) {
 	conn, release, err := p.pool.Conn(ctx)
 	for delay := 5 * time.Millisecond; err != nil && p.d.transient(err); delay = min(2*delay, 100*time.Millisecond) {
 		select {
@@ -337,11 +330,11 @@ func (p *DBProvider) conn(ctx context.Context) (Querier, func(), error) {
 	return conn, release, nil
 }
 
-// Acquire implements [Provider].
-func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, error) {
+// Acquire implements [provider.Provider].
+func (p *DBProvider) Acquire(ctx context.Context, req provider.LeaseRequest) (provider.Lease, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
-		return Lease{}, err
+		return provider.Lease{}, err
 	}
 	defer release()
 	if pl, ok := p.d.(poller); ok && req.Poll {
@@ -351,15 +344,15 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 		switch {
 		case errors.Is(err, sql.ErrNoRows): // no lease row yet
 		case err != nil:
-			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+			return provider.Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
 		case r.expiresAt > r.now && r.instance != req.Instance:
-			return Lease{}, r.held()
+			return provider.Lease{}, r.held()
 		}
 	}
 	for attempt := 0; ; attempt++ {
 		granted, r, err := p.d.acquire(ctx, conn, req)
 		if err != nil {
-			return Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
+			return provider.Lease{}, p.wrap("acquire lease "+quote(req.Name), err)
 		}
 		if granted {
 			return r.lease(req.Name), nil
@@ -376,7 +369,7 @@ func (p *DBProvider) Acquire(ctx context.Context, req LeaseRequest) (Lease, erro
 						"pause", warmPauseAfterFailure, "err", err)
 				}
 			}
-			return Lease{}, r.held()
+			return provider.Lease{}, r.held()
 		}
 	}
 }
@@ -393,8 +386,8 @@ func (p *DBProvider) mayWarm(ctx context.Context) bool {
 	return !ok || time.Until(dl) >= warmBudget
 }
 
-// Renew implements [Provider].
-func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
+// Renew implements [provider.Provider].
+func (p *DBProvider) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return l, err
@@ -411,16 +404,16 @@ func (p *DBProvider) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lea
 	return l, nil
 }
 
-// Release implements [Provider]: it ends term l if it still holds and
+// Release implements [provider.Provider]: it ends term l if it still holds and
 // wakes the nodes that watch the lease: through this provider at once and,
 // on PostgreSQL, in other processes by the NOTIFY of the release
 // statement, which commits with it.
-func (p *DBProvider) Release(ctx context.Context, l Lease) error {
+func (p *DBProvider) Release(ctx context.Context, l provider.Lease) error {
 	_, err := p.release(ctx, l.Name, l.Instance, p.q.Release, l.Name, l.Holder, l.Instance, int64(l.FencingToken))
 	return err
 }
 
-// ReleaseInstance implements [InstanceReleaser].
+// ReleaseInstance implements [provider.InstanceReleaser].
 func (p *DBProvider) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
 	_, err := p.release(ctx, name, instance, p.q.ReleaseInstance, name, holder, instance)
 	return err
@@ -460,7 +453,7 @@ func (p *DBProvider) exec(ctx context.Context, op, q string, args ...any) error 
 	return nil
 }
 
-// Leader implements [Provider].
+// Leader implements [provider.Provider].
 func (p *DBProvider) Leader(ctx context.Context, name string) (*Leader, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -481,7 +474,7 @@ func (p *DBProvider) Leader(ctx context.Context, name string) (*Leader, error) {
 	return &Leader{NodeID: r.holder, Endpoint: r.endpoint, FencingToken: uint64(r.token), LeaseExpiresAt: time.UnixMilli(r.expiresAt)}, nil
 }
 
-// LeaseToken implements [ChainStore].
+// LeaseToken implements [provider.ChainStore].
 func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -499,13 +492,13 @@ func (p *DBProvider) LeaseToken(ctx context.Context, name string) (uint64, error
 	return uint64(token), nil
 }
 
-// Fence implements [Fencer]: it reads the lease row in tx, locking it for
+// Fence implements [provider.Fencer]: it reads the lease row in tx, locking it for
 // share (FOR SHARE on PostgreSQL, LOCK IN SHARE MODE on MySQL; SQLite's
 // transactions are serializable), and bounds on the server the wait for
 // that lock and how long tx may then idle (PostgreSQL for the rest of the
 // transaction; MariaDB through the session's idle_transaction_timeout,
 // which stays set on the connection; MySQL 8 cannot).
-func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Duration) error {
+func (p *DBProvider) Fence(ctx context.Context, tx provider.Querier, l provider.Lease, ttl time.Duration) error {
 	if err := checkQuerier("Fence", tx); err != nil {
 		return err
 	}
@@ -534,8 +527,8 @@ func (p *DBProvider) Fence(ctx context.Context, tx Querier, l Lease, ttl time.Du
 	return nil
 }
 
-// WriteTip implements [ChainStore].
-func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error {
+// WriteTip implements [provider.ChainStore].
+func (p *DBProvider) WriteTip(ctx context.Context, tx provider.Querier, t provider.ChainTip) error {
 	if err := checkQuerier("AdvanceTip", tx); err != nil {
 		return err
 	}
@@ -546,20 +539,20 @@ func (p *DBProvider) WriteTip(ctx context.Context, tx Querier, t ChainTip) error
 	return nil
 }
 
-// ReadTip implements [ChainStore].
-func (p *DBProvider) ReadTip(ctx context.Context, tx Querier, chain string) (ChainTip, bool, error) {
+// ReadTip implements [provider.ChainStore].
+func (p *DBProvider) ReadTip(ctx context.Context, tx provider.Querier, chain string) (provider.ChainTip, bool, error) {
 	if isNil, given := nilQuerier(tx); isNil && tx != nil {
-		return ChainTip{}, false, errNilTx("AdvanceTip", given)
+		return provider.ChainTip{}, false, errNilTx("AdvanceTip", given)
 	}
 	if tx == nil {
 		conn, release, err := p.conn(ctx)
 		if err != nil {
-			return ChainTip{}, false, err
+			return provider.ChainTip{}, false, err
 		}
 		defer release()
 		tx = conn
 	}
-	t := ChainTip{Chain: chain}
+	t := provider.ChainTip{Chain: chain}
 	var counter, token int64
 	err := tx.QueryRow(ctx, p.q.TipRead, chain).Scan(&counter, &t.Hash, &token, &t.Lease)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -572,7 +565,7 @@ func (p *DBProvider) ReadTip(ctx context.Context, tx Querier, chain string) (Cha
 	return t, true, nil
 }
 
-// HighWater implements [ChainStore].
+// HighWater implements [provider.ChainStore].
 func (p *DBProvider) HighWater(ctx context.Context, scope string) (uint64, bool, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -590,9 +583,9 @@ func (p *DBProvider) HighWater(ctx context.Context, scope string) (uint64, bool,
 	return uint64(v), true, nil
 }
 
-// ChainRows implements [ChainStore].
-func (p *DBProvider) ChainRows(ctx context.Context, ch Chain, at uint64) (ChainRows, error) {
-	var rows ChainRows
+// ChainRows implements [provider.ChainStore].
+func (p *DBProvider) ChainRows(ctx context.Context, ch Chain, at uint64) (provider.ChainRows, error) {
+	var rows provider.ChainRows
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return rows, err
@@ -614,9 +607,9 @@ func (p *DBProvider) ChainRows(ctx context.Context, ch Chain, at uint64) (ChainR
 	return rows, nil
 }
 
-// ReadVaultState implements [StateStore].
-func (p *DBProvider) ReadVaultState(ctx context.Context, scope string) (VaultState, bool, error) {
-	var s VaultState
+// ReadVaultState implements [provider.StateStore].
+func (p *DBProvider) ReadVaultState(ctx context.Context, scope string) (provider.VaultState, bool, error) {
+	var s provider.VaultState
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return s, false, err
@@ -634,7 +627,7 @@ func (p *DBProvider) ReadVaultState(ctx context.Context, scope string) (VaultSta
 	return s, true, nil
 }
 
-// InsertVaultState implements [StateStore].
+// InsertVaultState implements [provider.StateStore].
 func (p *DBProvider) InsertVaultState(ctx context.Context, scope, fingerprint, node string) error {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -647,7 +640,7 @@ func (p *DBProvider) InsertVaultState(ctx context.Context, scope, fingerprint, n
 	return nil
 }
 
-// RotateVaultState implements [StateStore].
+// RotateVaultState implements [provider.StateStore].
 func (p *DBProvider) RotateVaultState(ctx context.Context, scope, from, to, node string) (bool, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -673,7 +666,7 @@ const leftRetention = time.Hour
 // joins again.
 const crashedRetention = 7 * 24 * time.Hour
 
-// Join implements [MemberStore]. The new member takes over the row of a
+// Join implements [provider.MemberStore]. The new member takes over the row of a
 // member of scope that left more than leftRetention ago, or was last seen
 // more than crashedRetention ago, if there is one, and adds a row
 // otherwise, so restarts do not grow the table.
@@ -711,7 +704,7 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 // errNotMember is what Seen returns when the instance has no row.
 var errNotMember = errors.New("no membership row")
 
-// Seen implements [MemberStore]. When instance has no row in scope (a
+// Seen implements [provider.MemberStore]. When instance has no row in scope (a
 // node joining took it over after it went unseen for crashedRetention) it
 // returns an error, and the node joins again.
 func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
@@ -742,16 +735,16 @@ func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
 	return nil
 }
 
-// Leave implements [MemberStore].
+// Leave implements [provider.MemberStore].
 func (p *DBProvider) Leave(ctx context.Context, scope, instance string) error {
 	return p.exec(ctx, "leave the cluster", p.q.NodeLeave, scope, instance)
 }
 
-// SeenByLease implements [MemberStore]: on PostgreSQL the lease statements
+// SeenByLease implements [provider.MemberStore]: on PostgreSQL the lease statements
 // refresh membership too.
 func (p *DBProvider) SeenByLease() bool { return p.d.seenByLease() }
 
-// Members implements [MemberStore].
+// Members implements [provider.MemberStore].
 func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Duration) ([]Member, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -783,7 +776,7 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 }
 
 // Tips lists every recorded chain tip, for operators (clusterctl tips).
-func (p *DBProvider) Tips(ctx context.Context) ([]ChainTip, error) {
+func (p *DBProvider) Tips(ctx context.Context) ([]provider.ChainTip, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -793,9 +786,9 @@ func (p *DBProvider) Tips(ctx context.Context) ([]ChainTip, error) {
 	if err != nil {
 		return nil, p.wrap("list chain tips", err)
 	}
-	var out []ChainTip
+	var out []provider.ChainTip
 	for rows.next() {
-		var t ChainTip
+		var t provider.ChainTip
 		var counter, token, updated int64
 		if err := rows.scan(&t.Chain, &t.Lease, &counter, &t.Hash, &token, &updated); err != nil {
 			rows.close()

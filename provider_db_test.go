@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -32,9 +33,9 @@ func TestDBProviderConformance(t *testing.T) {
 	for _, d := range testdb.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
-			providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+			providertest.Run(t, func(t *testing.T) func() provider.Provider {
 				tg := testdb.New(t, d)
-				return func() cluster.Provider { return initProvider(t, tg, tg.Open(t)) }
+				return func() provider.Provider { return initProvider(t, tg, tg.Open(t)) }
 			})
 		})
 	}
@@ -61,7 +62,7 @@ func sqlLaneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
 	db := tg.Open(t)
 	initProvider(t, tg, db)
 	return providertest.LaneTarget{
-		Open: func() cluster.LaneStore { return initProvider(t, tg, tg.Open(t)) },
+		Open: func() provider.LaneStore { return initProvider(t, tg, tg.Open(t)) },
 		Begin: func(ctx context.Context) (providertest.Tx, error) {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {

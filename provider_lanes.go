@@ -7,62 +7,13 @@ import (
 	"fmt"
 	"sync"
 	"time"
-)
 
-// The provider's side of lanes ([Cluster.ClaimLane]) and of the config
-// version ([Cluster.ConfigVersion]): two optional capabilities of a
-// [Provider], found by type assertion like the others. The default
-// providers implement both.
-type (
-	// A LaneStore keeps lanes: one row per lane key and scope (the lease
-	// name) naming the node process that owns it until it expires, by the
-	// store's clock, under a fencing token of the lane's own that grows
-	// with every new claim and never goes back.
-	LaneStore interface {
-		// PeekLane reads, in tx and without locking it, lane req.Key of
-		// req.Scope (nil when it was never claimed) and the census its
-		// fair share is computed from; window is how recently a lane must
-		// have been held, and a member seen, to count.
-		PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error)
-		// ClaimLane claims lane req.Key for req.Instance in tx if it is
-		// free or expired, with a token above every token it was granted
-		// before, or renews it, keeping its token, if req.Instance holds
-		// it; the claim holds until tx ends: no other instance can claim
-		// the lane meanwhile. A lane another instance holds returns a
-		// [*LaneHeldError].
-		ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error)
-		// RenewLanes extends every unexpired lane of instance by ttl and
-		// reports the instance's lanes, the census, and the config version
-		// of scope when there is one.
-		RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (LaneReport, error)
-		// ReleaseLane expires the instance's claim on a lane at once,
-		// keeping its token. Releasing a lane the instance does not hold
-		// is not an error.
-		ReleaseLane(ctx context.Context, scope, key, holder, instance string) error
-		// ReleaseLanes expires every claim of the instance at once.
-		ReleaseLanes(ctx context.Context, scope, holder, instance string) error
-		// ReadLane reads lane key of scope on a connection of its own,
-		// held or not (nil when it was never claimed), without locking it.
-		ReadLane(ctx context.Context, scope, key string) (*Lane, error)
-		// JoinLanes records that the member instance takes lanes, so that
-		// it counts towards their fair share while it is live.
-		JoinLanes(ctx context.Context, scope, instance string) error
-	}
-
-	// A ConfigStore keeps one config version per scope (the lease name),
-	// which only ever grows.
-	ConfigStore interface {
-		// ReadConfigVersion reads the version, creating it at 0 when absent.
-		ReadConfigVersion(ctx context.Context, scope string) (uint64, error)
-		// BumpConfigVersion increments the version atomically and returns
-		// the version it set.
-		BumpConfigVersion(ctx context.Context, scope string) (uint64, error)
-	}
+	"github.com/sqlfence/cluster/provider"
 )
 
 var (
-	_ LaneStore   = (*DBProvider)(nil)
-	_ ConfigStore = (*DBProvider)(nil)
+	_ provider.LaneStore   = (*DBProvider)(nil)
+	_ provider.ConfigStore = (*DBProvider)(nil)
 )
 
 // laneID names a lane: its scope and key.
@@ -96,59 +47,14 @@ func (s *laneRowSet) add(id laneID) {
 	s.seen[id] = struct{}{}
 }
 
-// A LaneRequest asks a [LaneStore] to claim a lane.
-type LaneRequest struct {
-	Scope    string        // the lease name, see [Config.LeaseName]
-	Key      string        // the lane
-	Holder   string        // the claiming node's NodeID
-	Instance string        // its process; see [LeaseRequest]
-	TTL      time.Duration // how long the claim lasts unless renewed, by the store's clock
-}
-
-// A Lane is a lane's row as a [LaneStore] reads it. Times are by the
-// store's clock.
-type Lane struct {
-	Key          string
-	Holder       string // "" for a lane never claimed
-	Instance     string
-	FencingToken uint64 // 0 for a lane never claimed
-	AcquiredAt   time.Time
-	RenewedAt    time.Time // or released
-	ExpiresAt    time.Time
-	// Remaining is how long the claim had left when it was read, by the
-	// store's clock; not positive when the lane is free.
-	Remaining time.Duration
-}
-
-// LaneCensus is what a node's share of the lanes is computed from.
-type LaneCensus struct {
-	// Lanes counts the lanes of the scope held within the window: claimed,
-	// renewed or released that recently.
-	Lanes int
-	// Mine counts the instance's unexpired lanes.
-	Mine int
-	// Members counts the other live members that take lanes.
-	Members int
-}
-
-// LaneReport is what [LaneStore.RenewLanes] returns.
-type LaneReport struct {
-	Held   []Lane // the instance's unexpired lanes
-	Census LaneCensus
-	// ConfigVersion is the scope's config version, when HasConfigVersion:
-	// the default provider reads it in the same statements.
-	ConfigVersion    uint64
-	HasConfigVersion bool
-}
-
 func (p *DBProvider) lanes() laneDialect { return p.d.(laneDialect) }
 
-// PeekLane implements [LaneStore].
-func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, window time.Duration) (*Lane, LaneCensus, error) {
+// PeekLane implements [provider.LaneStore].
+func (p *DBProvider) PeekLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, window time.Duration) (*Lane, provider.LaneCensus, error) {
 	if err := checkQuerier("ClaimLane", tx); err != nil {
-		return nil, LaneCensus{}, err
+		return nil, provider.LaneCensus{}, err
 	}
-	var c LaneCensus
+	var c provider.LaneCensus
 	var holder, instance sql.NullString
 	var token, acquired, renewed, expires sql.NullInt64
 	var lanes, mine, members, now int64
@@ -158,7 +64,7 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 	if err != nil {
 		return nil, c, p.wrap("read lane "+quote(req.Key), err)
 	}
-	c = LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members)}
+	c = provider.LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members)}
 	if !token.Valid {
 		return nil, c, nil
 	}
@@ -167,7 +73,7 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 	return &l, c, nil
 }
 
-// ClaimLane implements [LaneStore]. The claim is a conditional UPDATE in
+// ClaimLane implements [provider.LaneStore]. The claim is a conditional UPDATE in
 // tx, whose row lock (PostgreSQL, MySQL) or write lock (SQLite) holds it
 // until tx ends; a lane never claimed first gets a free row, token 0.
 // Like [DBProvider.Fence], it bounds on the server the wait for the lane
@@ -177,7 +83,7 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx Querier, req LaneRequest, 
 // before the UPDATE: on MySQL an UPDATE that finds no row locks the gap
 // where it would be, and two transactions that then both insert it
 // deadlock. Rows are never deleted, so a lane seen once needs no more.
-func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest) (Lane, error) {
+func (p *DBProvider) ClaimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest) (Lane, error) {
 	if err := checkQuerier("ClaimLane", tx); err != nil {
 		return Lane{}, err
 	}
@@ -223,11 +129,11 @@ func (p *DBProvider) ClaimLane(ctx context.Context, tx Querier, req LaneRequest)
 	return Lane{}, r.held(req.Key)
 }
 
-// RenewLanes implements [LaneStore]: one statement on PostgreSQL (which
+// RenewLanes implements [provider.LaneStore]: one statement on PostgreSQL (which
 // skips the lanes this instance's own transactions hold: their claims
 // renewed them), an UPDATE and a read elsewhere.
-func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (LaneReport, error) {
-	var rep LaneReport
+func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (provider.LaneReport, error) {
+	var rep provider.LaneReport
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return rep, err
@@ -260,17 +166,17 @@ func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl
 	return rep, nil
 }
 
-// ReleaseLane implements [LaneStore].
+// ReleaseLane implements [provider.LaneStore].
 func (p *DBProvider) ReleaseLane(ctx context.Context, scope, key, holder, instance string) error {
 	return p.exec(ctx, "release lane "+quote(key), p.q.LaneRelease, scope, key, holder, instance)
 }
 
-// ReleaseLanes implements [LaneStore].
+// ReleaseLanes implements [provider.LaneStore].
 func (p *DBProvider) ReleaseLanes(ctx context.Context, scope, holder, instance string) error {
 	return p.exec(ctx, "release lanes", p.q.LaneReleaseAll, scope, holder, instance)
 }
 
-// ReadLane implements [LaneStore].
+// ReadLane implements [provider.LaneStore].
 func (p *DBProvider) ReadLane(ctx context.Context, scope, key string) (*Lane, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -350,12 +256,12 @@ func (p *DBProvider) ForceReleaseLane(ctx context.Context, scope, key string, to
 		ExpiresAt: l.ExpiresAt, Remaining: l.Remaining}
 }
 
-// JoinLanes implements [LaneStore].
+// JoinLanes implements [provider.LaneStore].
 func (p *DBProvider) JoinLanes(ctx context.Context, scope, instance string) error {
 	return p.exec(ctx, "record that this node takes lanes", p.q.LaneJoin, scope, instance)
 }
 
-// ReadConfigVersion implements [ConfigStore].
+// ReadConfigVersion implements [provider.ConfigStore].
 func (p *DBProvider) ReadConfigVersion(ctx context.Context, scope string) (uint64, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
@@ -376,7 +282,7 @@ func (p *DBProvider) ReadConfigVersion(ctx context.Context, scope string) (uint6
 	return uint64(v), nil
 }
 
-// BumpConfigVersion implements [ConfigStore].
+// BumpConfigVersion implements [provider.ConfigStore].
 func (p *DBProvider) BumpConfigVersion(ctx context.Context, scope string) (uint64, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // releaseRace stages a release that commits while a renew of the same
@@ -146,7 +147,7 @@ func TestRenewDoesNotReviveAReleasedTerm(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			r := newReleaseRace(t, d)
 			ctx := context.Background()
-			l, err := r.p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "h", Instance: "i", TTL: time.Minute})
+			l, err := r.p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "h", Instance: "i", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,7 +176,7 @@ func TestOperatorReleaseEndsOnlyTheTermItNames(t *testing.T) {
 		ctx := context.Background()
 		r := raceOn(t, tg, tg.Open(t))
 		p := r.p
-		l, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
+		l, err := p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +269,7 @@ func TestLaneClaimDoesNotReviveAReleasedLane(t *testing.T) {
 					return err
 				}
 				defer tx.Rollback()
-				got, err = r.p.ClaimLane(ctx, cluster.TxQuerier(tx), cluster.LaneRequest{Scope: "s", Key: "k", Holder: "h", Instance: "i", TTL: time.Minute})
+				got, err = r.p.ClaimLane(ctx, cluster.TxQuerier(tx), provider.LaneRequest{Scope: "s", Key: "k", Holder: "h", Instance: "i", TTL: time.Minute})
 				if err != nil {
 					return err
 				}

@@ -6,14 +6,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"unicode"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // checkChains compares each chain's recorded tip with its high-water mark
 // and its table, and returns the tips it found. A tip below its mark was
 // truncated or restored on its own; a table whose rows end below the tip
 // lost rows; a row at the tip counter with another hash was substituted.
-func (c *Cluster) checkChains(ctx context.Context) (map[string]ChainTip, error) {
-	tips := map[string]ChainTip{}
+func (c *Cluster) checkChains(ctx context.Context) (map[string]provider.ChainTip, error) {
+	tips := map[string]provider.ChainTip{}
 	for _, ch := range c.cfg.Chains {
 		// The mark first, then the tip, then the rows: an AdvanceTip that
 		// commits between two reads raises all three together, so read in

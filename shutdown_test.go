@@ -9,6 +9,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A handler may call Shutdown, whatever the event: it returns promptly,
@@ -209,7 +210,7 @@ func TestShutdownLetsRenewInFlightFinish(t *testing.T) {
 			entered := make(chan struct{})
 			var renewErr, releasedAfter atomic.Value
 			p := &fakeProvider{
-				RenewFunc: func(ctx context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+				RenewFunc: func(ctx context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 					if !armed.CompareAndSwap(true, false) {
 						return l, nil
 					}
@@ -222,7 +223,7 @@ func TestShutdownLetsRenewInFlightFinish(t *testing.T) {
 					renewed.Store(true)
 					return l, ctx.Err()
 				},
-				ReleaseFunc: func(context.Context, cluster.Lease) error {
+				ReleaseFunc: func(context.Context, provider.Lease) error {
 					releasedAfter.Store(renewed.Load())
 					return nil
 				},
@@ -264,14 +265,14 @@ func TestShutdownLetsAttemptInFlightFinish(t *testing.T) {
 	var armed atomic.Bool
 	entered := make(chan struct{})
 	var attemptErr atomic.Value
-	held := func(cluster.LeaseRequest) error {
+	held := func(provider.LeaseRequest) error {
 		// Due to expire at once: the next attempt follows within a heartbeat.
 		return &cluster.LeaseHeldError{Holder: "other", Instance: "other-instance", FencingToken: 1, Remaining: time.Millisecond}
 	}
 	p := &fakeProvider{
-		AcquireFunc: func(ctx context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
+		AcquireFunc: func(ctx context.Context, r provider.LeaseRequest) (provider.Lease, error) {
 			if !armed.CompareAndSwap(true, false) {
-				return cluster.Lease{}, held(r)
+				return provider.Lease{}, held(r)
 			}
 			close(entered)
 			select {
@@ -279,7 +280,7 @@ func TestShutdownLetsAttemptInFlightFinish(t *testing.T) {
 			case <-time.After(testdb.Heartbeat / 4):
 			}
 			attemptErr.Store(fmt.Sprint(ctx.Err()))
-			return cluster.Lease{}, held(r)
+			return provider.Lease{}, held(r)
 		},
 	}
 	n, err := cluster.New(ctx, fakeConfig(t, "b", p))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // opLog records what Config.Observer is told.
@@ -96,12 +97,12 @@ func TestObserverOutcomes(t *testing.T) {
 	t.Parallel()
 	var calls int
 	boom := errors.New("database unreachable")
-	p := &fakeProvider{AcquireFunc: func(context.Context, cluster.LeaseRequest) (cluster.Lease, error) {
+	p := &fakeProvider{AcquireFunc: func(context.Context, provider.LeaseRequest) (provider.Lease, error) {
 		calls++
 		if calls == 1 {
-			return cluster.Lease{}, &cluster.LeaseHeldError{Holder: "x", FencingToken: 7, Remaining: time.Second}
+			return provider.Lease{}, &cluster.LeaseHeldError{Holder: "x", FencingToken: 7, Remaining: time.Second}
 		}
-		return cluster.Lease{}, boom
+		return provider.Lease{}, boom
 	}}
 	ops := &opLog{}
 	cfg := fakeConfig(t, "a", p)

@@ -6,33 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
-
-// A ReleaseWatcher is an optional capability of a [Provider]: it tells a
-// node at once when the lease is released, so that a follower tries to
-// acquire it then rather than at its next poll. Correctness never depends
-// on it: a node that hears nothing polls as before.
-type ReleaseWatcher interface {
-	// WatchReleases calls wake when the lease named name may have been
-	// released by a node other than instance, until stop is called. It
-	// returns once a release made through the same provider would wake
-	// the caller. It calls live(true) while it hears the releases made by
-	// other processes (a PostgreSQL LISTEN is connected) and live(false)
-	// when it stops hearing them. stop returns once no call of wake or
-	// live is in flight and none will follow. ctx carries values only
-	// (loggers, traces): stop, not ctx, ends the watch.
-	WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) (stop func())
-}
-
-// A ListenPool is a [Pool] that can LISTEN on PostgreSQL. Listen holds a
-// connection of its own, LISTENs on channel, calls ready once it listens
-// and notify with each notification's payload, until ctx is done (then it
-// returns nil) or the connection fails (then it returns the error).
-// clusterpgx's pools implement it.
-type ListenPool interface {
-	Pool
-	Listen(ctx context.Context, channel string, ready func(), notify func(payload string)) error
-}
 
 // watchers are the nodes that watch the releases of one provider's
 // leases, by lease name: a release made through the provider wakes the
@@ -81,14 +57,14 @@ func (ws *watchers) wake(name, instance string) {
 	}
 }
 
-// WatchReleases implements [ReleaseWatcher]. A release made through p
+// WatchReleases implements [provider.ReleaseWatcher]. A release made through p
 // wakes the other watchers of p at once. On PostgreSQL, when the Pool is a
-// [ListenPool], each watcher also LISTENs, on a connection of its own, on
+// [provider.ListenPool], each watcher also LISTENs, on a connection of its own, on
 // channel <prefix>lease, whose payload is the lease name (the release
 // statement NOTIFYs it), and reconnects after a failure.
 func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) (stop func()) {
 	remove := p.watchers.add(name, &watcher{instance: instance, wake: wake})
-	lp, ok := p.pool.(ListenPool)
+	lp, ok := p.pool.(provider.ListenPool)
 	if !ok || !p.d.notifies() {
 		return remove
 	}
@@ -109,7 +85,7 @@ func (p *DBProvider) WatchReleases(ctx context.Context, name, instance string, w
 // calling wake for each and live when it starts and stops hearing them.
 // After a failure it tries again with a growing, jittered delay: every
 // node's LISTEN fails at once when the server restarts.
-func (p *DBProvider) listen(ctx context.Context, lp ListenPool, name string, wake func(), live func(bool)) {
+func (p *DBProvider) listen(ctx context.Context, lp provider.ListenPool, name string, wake func(), live func(bool)) {
 	channel := p.prefix + "lease"
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		var hearing atomic.Bool
@@ -140,7 +116,7 @@ func (p *DBProvider) listen(ctx context.Context, lp ListenPool, name string, wak
 // watchReleases starts hearing releases for a candidate: a release wakes
 // the heartbeat, which makes one attempt at once. It returns once a
 // release through the same provider would wake this node.
-func (c *Cluster) watchReleases(ctx context.Context, w ReleaseWatcher) {
+func (c *Cluster) watchReleases(ctx context.Context, w provider.ReleaseWatcher) {
 	wake := func() {
 		select {
 		case c.wake <- struct{}{}:

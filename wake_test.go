@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // Nodes of one process on one provider hand off without waiting for a
@@ -30,7 +31,7 @@ func TestInProcessWakeUp(t *testing.T) {
 // resignWakesSharer starts nodes a and b on provider p with a 5s poll and
 // checks that b leads within 3s of a's Resign: woken through p, not by
 // its poll.
-func resignWakesSharer(t *testing.T, tg testdb.Target, p cluster.Provider) {
+func resignWakesSharer(t *testing.T, tg testdb.Target, p provider.Provider) {
 	t.Helper()
 	shared := func(c *cluster.Config) { c.DB, c.Provider = nil, p }
 	a := start(t, tg, "a", slow, shared)
@@ -145,7 +146,7 @@ func TestRefusedAttemptCommitsAsynchronously(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = p.Acquire(ctx, cluster.LeaseRequest{Name: c.lease, Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
+		_, err = p.Acquire(ctx, provider.LeaseRequest{Name: c.lease, Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL})
 		var held *cluster.LeaseHeldError
 		if got := err == nil; got != c.granted || (!got && !errors.As(err, &held)) {
 			t.Fatalf("Acquire(%q) = %v, want granted %v", c.lease, err, c.granted)
@@ -173,10 +174,10 @@ func TestRefusedAttemptCommitsAsynchronously(t *testing.T) {
 		t.Fatal(err)
 	}
 	var held *cluster.LeaseHeldError
-	if _, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); !errors.As(err, &held) {
+	if _, err := p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); !errors.As(err, &held) {
 		t.Fatalf("Acquire(leader) = %v, want the lease held by a", err)
 	}
-	if _, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "elsewhere", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); err != nil {
+	if _, err := p.Acquire(ctx, provider.LeaseRequest{Name: "elsewhere", Holder: "b", Instance: "b-instance", TTL: testdb.LeaseTTL}); err != nil {
 		t.Fatalf("Acquire(elsewhere) = %v, want it granted", err)
 	}
 	var setting string
@@ -188,10 +189,10 @@ func TestRefusedAttemptCommitsAsynchronously(t *testing.T) {
 	}
 }
 
-// txPool is a cluster.Pool whose every connection is tx.
+// txPool is a provider.Pool whose every connection is tx.
 type txPool struct{ tx *sql.Tx }
 
-func (p txPool) Conn(context.Context) (cluster.Querier, func(), error) {
+func (p txPool) Conn(context.Context) (provider.Querier, func(), error) {
 	return &recordingTx{tx: p.tx}, func() {}, nil
 }
 

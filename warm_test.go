@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // isWarmUp reports whether query is the warm-up statement (the warm query
@@ -71,11 +72,11 @@ func TestFollowerWarmsItsSessionOnce(t *testing.T) {
 // failingWarmPool is a database/sql pool whose connections fail the
 // warm-up statement, as one that times out does, and count its tries.
 type failingWarmPool struct {
-	cluster.Pool
+	provider.Pool
 	tries *atomic.Int64
 }
 
-func (p failingWarmPool) Conn(ctx context.Context) (cluster.Querier, func(), error) {
+func (p failingWarmPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
 	q, release, err := p.Pool.Conn(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -84,7 +85,7 @@ func (p failingWarmPool) Conn(ctx context.Context) (cluster.Querier, func(), err
 }
 
 type failingWarmConn struct {
-	cluster.Querier
+	provider.Querier
 	tries *atomic.Int64
 }
 
@@ -211,7 +212,7 @@ func TestMissingLeaseFunctionIsSchemaError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: time.Minute})
+	_, err = p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "b", Instance: "b-instance", TTL: time.Minute})
 	if !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "clusterctl migrate") {
 		t.Fatalf("an acquisition without the acquire function = %v; want ErrSchema saying to run clusterctl migrate", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // witness is what a node records in Config.WitnessFile: the highest
@@ -25,8 +27,8 @@ type witness struct {
 // witnessState is a Cluster's in-memory copy of its witness file.
 type witnessState struct {
 	mu        sync.Mutex
-	w         *witness           // nil until first read
-	pendingTx map[string]Querier // chain → the transaction that wrote w.Pending[chain]
+	w         *witness                    // nil until first read
+	pendingTx map[string]provider.Querier // chain → the transaction that wrote w.Pending[chain]
 }
 
 type witnessTip struct {
@@ -99,7 +101,7 @@ func writeWitness(path string, w *witness) error {
 // committed, unless it is the pending write of this same transaction, so
 // it becomes the confirmed tip: a restore of the whole database to any
 // point before this node's previous AdvanceTip is then caught at boot.
-func (c *Cluster) witnessTip(tx Querier, before ChainTip, had bool, wrote ChainTip) error {
+func (c *Cluster) witnessTip(tx provider.Querier, before provider.ChainTip, had bool, wrote provider.ChainTip) error {
 	c.wit.mu.Lock()
 	defer c.wit.mu.Unlock()
 	w, err := c.loadWitness()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -18,8 +19,8 @@ import (
 // provider, by embedding it (metered) or by delegating each method
 // (delegating).
 type wrapper interface {
-	cluster.Provider
-	cluster.Initializer
+	provider.Provider
+	provider.Initializer
 	renewCount() int64
 }
 
@@ -30,7 +31,7 @@ type metered struct {
 	renews atomic.Int64
 }
 
-func (m *metered) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) (cluster.Lease, error) {
+func (m *metered) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
 	m.renews.Add(1)
 	return m.DBProvider.Renew(ctx, l, ttl)
 }
@@ -46,29 +47,29 @@ type delegating struct {
 }
 
 var _ interface {
-	cluster.Provider
-	cluster.Initializer
-	cluster.SchemaChecker
-	cluster.InstanceReleaser
-	cluster.Fencer
-	cluster.ChainStore
-	cluster.StateStore
-	cluster.MemberStore
-	cluster.LaneStore
-	cluster.ConfigStore
-	cluster.ReleaseWatcher
+	provider.Provider
+	provider.Initializer
+	provider.SchemaChecker
+	provider.InstanceReleaser
+	provider.Fencer
+	provider.ChainStore
+	provider.StateStore
+	provider.MemberStore
+	provider.LaneStore
+	provider.ConfigStore
+	provider.ReleaseWatcher
 } = (*delegating)(nil)
 
 func (d *delegating) renewCount() int64 { return d.renews.Load() }
 
-func (d *delegating) Acquire(ctx context.Context, req cluster.LeaseRequest) (cluster.Lease, error) {
+func (d *delegating) Acquire(ctx context.Context, req provider.LeaseRequest) (provider.Lease, error) {
 	return d.p.Acquire(ctx, req)
 }
-func (d *delegating) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) (cluster.Lease, error) {
+func (d *delegating) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
 	d.renews.Add(1)
 	return d.p.Renew(ctx, l, ttl)
 }
-func (d *delegating) Release(ctx context.Context, l cluster.Lease) error { return d.p.Release(ctx, l) }
+func (d *delegating) Release(ctx context.Context, l provider.Lease) error { return d.p.Release(ctx, l) }
 func (d *delegating) Leader(ctx context.Context, name string) (*cluster.Leader, error) {
 	return d.p.Leader(ctx, name)
 }
@@ -77,25 +78,25 @@ func (d *delegating) CheckSchema(ctx context.Context) error { return d.p.CheckSc
 func (d *delegating) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
 	return d.p.ReleaseInstance(ctx, name, holder, instance)
 }
-func (d *delegating) Fence(ctx context.Context, tx cluster.Querier, l cluster.Lease, ttl time.Duration) error {
+func (d *delegating) Fence(ctx context.Context, tx provider.Querier, l provider.Lease, ttl time.Duration) error {
 	return d.p.Fence(ctx, tx, l, ttl)
 }
-func (d *delegating) WriteTip(ctx context.Context, tx cluster.Querier, tip cluster.ChainTip) error {
+func (d *delegating) WriteTip(ctx context.Context, tx provider.Querier, tip provider.ChainTip) error {
 	return d.p.WriteTip(ctx, tx, tip)
 }
-func (d *delegating) ReadTip(ctx context.Context, tx cluster.Querier, chain string) (cluster.ChainTip, bool, error) {
+func (d *delegating) ReadTip(ctx context.Context, tx provider.Querier, chain string) (provider.ChainTip, bool, error) {
 	return d.p.ReadTip(ctx, tx, chain)
 }
 func (d *delegating) HighWater(ctx context.Context, scope string) (uint64, bool, error) {
 	return d.p.HighWater(ctx, scope)
 }
-func (d *delegating) ChainRows(ctx context.Context, ch cluster.Chain, at uint64) (cluster.ChainRows, error) {
+func (d *delegating) ChainRows(ctx context.Context, ch cluster.Chain, at uint64) (provider.ChainRows, error) {
 	return d.p.ChainRows(ctx, ch, at)
 }
 func (d *delegating) LeaseToken(ctx context.Context, name string) (uint64, error) {
 	return d.p.LeaseToken(ctx, name)
 }
-func (d *delegating) ReadVaultState(ctx context.Context, scope string) (cluster.VaultState, bool, error) {
+func (d *delegating) ReadVaultState(ctx context.Context, scope string) (provider.VaultState, bool, error) {
 	return d.p.ReadVaultState(ctx, scope)
 }
 func (d *delegating) InsertVaultState(ctx context.Context, scope, fingerprint, node string) error {
@@ -117,13 +118,13 @@ func (d *delegating) Members(ctx context.Context, scope string, timeout time.Dur
 	return d.p.Members(ctx, scope, timeout)
 }
 func (d *delegating) SeenByLease() bool { return d.p.SeenByLease() }
-func (d *delegating) PeekLane(ctx context.Context, tx cluster.Querier, req cluster.LaneRequest, window time.Duration) (*cluster.Lane, cluster.LaneCensus, error) {
+func (d *delegating) PeekLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest, window time.Duration) (*cluster.Lane, provider.LaneCensus, error) {
 	return d.p.PeekLane(ctx, tx, req, window)
 }
-func (d *delegating) ClaimLane(ctx context.Context, tx cluster.Querier, req cluster.LaneRequest) (cluster.Lane, error) {
+func (d *delegating) ClaimLane(ctx context.Context, tx provider.Querier, req provider.LaneRequest) (cluster.Lane, error) {
 	return d.p.ClaimLane(ctx, tx, req)
 }
-func (d *delegating) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (cluster.LaneReport, error) {
+func (d *delegating) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (provider.LaneReport, error) {
 	return d.p.RenewLanes(ctx, scope, instance, ttl, window)
 }
 func (d *delegating) ReleaseLane(ctx context.Context, scope, key, holder, instance string) error {
@@ -178,9 +179,9 @@ func TestWrappedProviderKeepsCapabilities(t *testing.T) {
 
 func testWrapped(t *testing.T, tg testdb.Target, wrap func(*cluster.DBProvider) wrapper) {
 	t.Run("conformance", func(t *testing.T) {
-		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+		providertest.Run(t, func(t *testing.T) func() provider.Provider {
 			tg := testdb.New(t, tg.Dialect)
-			return func() cluster.Provider {
+			return func() provider.Provider {
 				w := newWrapped(t, tg, wrap)
 				if err := w.Init(context.Background()); err != nil {
 					t.Fatal(err)
@@ -196,12 +197,12 @@ func testWrapped(t *testing.T, tg testdb.Target, wrap func(*cluster.DBProvider) 
 			db := tg.Open(t)
 			initProvider(t, tg, db)
 			return providertest.LaneTarget{
-				Open: func() cluster.LaneStore {
+				Open: func() provider.LaneStore {
 					w := newWrapped(t, tg, wrap)
 					if err := w.Init(context.Background()); err != nil {
 						t.Fatal(err)
 					}
-					return w.(cluster.LaneStore)
+					return w.(provider.LaneStore)
 				},
 				Begin: func(ctx context.Context) (providertest.Tx, error) {
 					tx, err := db.BeginTx(ctx, nil)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A leadershipCheck is one system's local "do I lead?" call, on a member
@@ -71,18 +72,18 @@ func leadershipChecks(ctx context.Context, srv *etcdServer) (checks []leadership
 // benchmark measures IsLeader alone.
 type alwaysGranted struct{}
 
-func (alwaysGranted) Acquire(_ context.Context, r cluster.LeaseRequest) (cluster.Lease, error) {
-	return cluster.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+func (alwaysGranted) Acquire(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
+	return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
 }
-func (alwaysGranted) Renew(_ context.Context, l cluster.Lease, _ time.Duration) (cluster.Lease, error) {
+func (alwaysGranted) Renew(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
 	return l, nil
 }
-func (alwaysGranted) Release(context.Context, cluster.Lease) error { return nil }
+func (alwaysGranted) Release(context.Context, provider.Lease) error { return nil }
 func (alwaysGranted) Leader(context.Context, string) (*cluster.Leader, error) {
 	return nil, nil
 }
 
-var _ cluster.Provider = alwaysGranted{}
+var _ provider.Provider = alwaysGranted{}
 
 // clientGoLeader runs a client-go LeaderElector over an in-memory
 // clientset until it leads.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // envNode, when set, makes this program a node: its value is the node's
@@ -213,7 +214,7 @@ func nodeMain(raw string) int {
 
 // open opens the node's pool and, for stackPgx, the provider over it (nil
 // otherwise: the cluster's default provider over Config.DB).
-func open(cfg nodeConfig) (*sql.DB, cluster.Provider, error) {
+func open(cfg nodeConfig) (*sql.DB, provider.Provider, error) {
 	switch cfg.Stack {
 	case stackSQL:
 		db, err := sql.Open(cfg.Driver, cfg.DSN)

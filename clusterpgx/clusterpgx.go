@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // NewProvider returns the default provider over pool, with the tables
@@ -191,7 +192,7 @@ func (q *beginQuerier) ExecContext(ctx context.Context, sql string, args ...any)
 	return driverResult(n), err
 }
 
-func (q *beginQuerier) QueryRow(ctx context.Context, sql string, args ...any) cluster.Row {
+func (q *beginQuerier) QueryRow(ctx context.Context, sql string, args ...any) provider.Row {
 	if q.tx != nil {
 		return q.tx.QueryRow(ctx, sql, args...)
 	}
@@ -248,11 +249,11 @@ func Tx(h Handle) Querier {
 }
 
 // A Querier is a pgx handle adapted by [Tx]: a [cluster.Tx] that is also
-// a [cluster.Querier], for code that runs statements through cluster's
-// interfaces (a [cluster.Pool], providertest).
+// a [provider.Querier], for code that runs statements through cluster's
+// interfaces (a [provider.Pool], providertest).
 type Querier interface {
 	cluster.Tx
-	cluster.Querier
+	provider.Querier
 }
 
 // driverResult is the sql.Result of a statement run through pgx: the rows
@@ -276,13 +277,13 @@ func (q querier) ExecContext(ctx context.Context, sql string, args ...any) (sql.
 	return driverResult(n), err
 }
 
-func (q querier) QueryRow(ctx context.Context, sql string, args ...any) cluster.Row {
+func (q querier) QueryRow(ctx context.Context, sql string, args ...any) provider.Row {
 	return q.h.QueryRow(ctx, sql, args...)
 }
 
-// Query implements [cluster.RowsQuerier] for the handles that can list
+// Query implements [provider.RowsQuerier] for the handles that can list
 // rows.
-func (q querier) Query(ctx context.Context, sql string, args ...any) (cluster.Rows, error) {
+func (q querier) Query(ctx context.Context, sql string, args ...any) (provider.Rows, error) {
 	h, ok := q.h.(interface {
 		Query(context.Context, string, ...any) (pgx.Rows, error)
 	})
@@ -304,12 +305,12 @@ func (r pgxRows) Close() error {
 	return r.Rows.Err()
 }
 
-// poolAdapter is a cluster.Pool over a pgxpool; it can LISTEN.
+// poolAdapter is a provider.Pool over a pgxpool; it can LISTEN.
 type poolAdapter struct{ p *pgxpool.Pool }
 
-var _ cluster.ListenPool = poolAdapter{}
+var _ provider.ListenPool = poolAdapter{}
 
-// Listen implements [cluster.ListenPool] on a connection taken out of the
+// Listen implements [provider.ListenPool] on a connection taken out of the
 // pool for good (hijacked) and closed when Listen returns, so no pooled
 // connection is left listening.
 func (a poolAdapter) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
@@ -342,7 +343,7 @@ func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), n
 
 // Conn acquires a connection, telling an exhausted pool apart from a slow
 // server: a leader whose renews wait for a connection self-fences.
-func (a poolAdapter) Conn(ctx context.Context) (cluster.Querier, func(), error) {
+func (a poolAdapter) Conn(ctx context.Context) (provider.Querier, func(), error) {
 	conn, err := a.p.Acquire(ctx)
 	if err == nil {
 		return querier{conn}, conn.Release, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -40,7 +41,7 @@ func newPool(t *testing.T, tg testdb.Target, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-func provider(t *testing.T, tg testdb.Target, pool *pgxpool.Pool) *cluster.DBProvider {
+func pgxProvider(t *testing.T, tg testdb.Target, pool *pgxpool.Pool) *cluster.DBProvider {
 	t.Helper()
 	p, err := clusterpgx.NewProviderWithPrefix(pool, tg.Prefix)
 	if err != nil {
@@ -51,10 +52,10 @@ func provider(t *testing.T, tg testdb.Target, pool *pgxpool.Pool) *cluster.DBPro
 
 // The pgx provider passes the conformance suite every provider must.
 func TestConformance(t *testing.T) {
-	providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+	providertest.Run(t, func(t *testing.T) func() provider.Provider {
 		tg := testdb.New(t, cluster.Postgres)
-		return func() cluster.Provider {
-			p := provider(t, tg, newPool(t, tg, 0))
+		return func() provider.Provider {
+			p := pgxProvider(t, tg, newPool(t, tg, 0))
 			if err := p.Init(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +68,7 @@ func node(t *testing.T, tg testdb.Target, pool *pgxpool.Pool, id string, edit fu
 	t.Helper()
 	cfg := cluster.Config{
 		NodeID:            id,
-		Provider:          provider(t, tg, pool),
+		Provider:          pgxProvider(t, tg, pool),
 		LeaseTTL:          time.Second,
 		HeartbeatInterval: 100 * time.Millisecond,
 		FenceTimeout:      700 * time.Millisecond,
@@ -170,7 +171,7 @@ func TestPoolExhausted(t *testing.T) {
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
 	pool := newPool(t, tg, 1)
-	p := provider(t, tg, pool)
+	p := pgxProvider(t, tg, pool)
 	if err := p.Init(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestPoolExhausted(t *testing.T) {
 	defer held.Release()
 	actx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	_, err = p.Acquire(actx, cluster.LeaseRequest{Name: "leader", Holder: "a", Instance: "i", TTL: time.Second})
+	_, err = p.Acquire(actx, provider.LeaseRequest{Name: "leader", Holder: "a", Instance: "i", TTL: time.Second})
 	if !errors.Is(err, cluster.ErrPoolExhausted) {
 		t.Fatalf("Acquire with the pool exhausted = %v, want ErrPoolExhausted", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -70,12 +71,12 @@ func (t pgxTx) Rollback() error { return t.tx.Rollback(context.Background()) }
 // pgx transactions.
 func laneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
 	pool := newPool(t, tg, 0)
-	p := provider(t, tg, pool)
+	p := pgxProvider(t, tg, pool)
 	if err := p.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return providertest.LaneTarget{
-		Open: func() cluster.LaneStore { return provider(t, tg, newPool(t, tg, 0)) },
+		Open: func() provider.LaneStore { return pgxProvider(t, tg, newPool(t, tg, 0)) },
 		Begin: func(ctx context.Context) (providertest.Tx, error) {
 			tx, err := pool.Begin(ctx)
 			if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -23,10 +24,10 @@ import (
 
 func TestPgBouncerConformance(t *testing.T) {
 	t.Parallel()
-	providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+	providertest.Run(t, func(t *testing.T) func() provider.Provider {
 		tg := testdb.PgBouncer(t)
-		return func() cluster.Provider {
-			p := provider(t, tg, newPool(t, tg, 0))
+		return func() provider.Provider {
+			p := pgxProvider(t, tg, newPool(t, tg, 0))
 			if err := p.Init(context.Background()); err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/fencedbegin"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // NewStdlibProvider returns the default provider over db, a database/sql
@@ -32,13 +33,13 @@ func NewStdlibProvider(db *sql.DB, tablePrefix string) (*cluster.DBProvider, err
 
 // stdlibPool is cluster's database/sql pool that can also LISTEN.
 type stdlibPool struct {
-	cluster.Pool
+	provider.Pool
 	db *sql.DB
 }
 
-var _ cluster.ListenPool = stdlibPool{}
+var _ provider.ListenPool = stdlibPool{}
 
-// Listen implements [cluster.ListenPool] on a connection of db, which it
+// Listen implements [provider.ListenPool] on a connection of db, which it
 // stops listening (UNLISTEN *) before giving it back.
 func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), notify func(string)) error {
 	conn, err := p.db.Conn(ctx)

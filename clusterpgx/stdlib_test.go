@@ -18,6 +18,7 @@ import (
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/clusterpgx"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // openSQL opens a database/sql pool of pgx's stdlib driver on tg with
@@ -493,7 +494,7 @@ type nestingProvider struct {
 	nested func(*sql.Tx)
 }
 
-func (p nestingProvider) Fence(ctx context.Context, tx cluster.Querier, l cluster.Lease, ttl time.Duration) error {
+func (p nestingProvider) Fence(ctx context.Context, tx provider.Querier, l provider.Lease, ttl time.Duration) error {
 	ntx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

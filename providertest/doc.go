@@ -1,4 +1,4 @@
-// Package providertest holds the conformance suite for [cluster.Provider]
+// Package providertest holds the conformance suite for [provider.Provider]
 // implementations, and [Memory], an in-memory Provider that passes it, for
 // tests of code that runs on a [cluster.Cluster] without a database.
 //
@@ -10,9 +10,9 @@
 // contract:
 //
 //	func TestConformance(t *testing.T) {
-//		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+//		providertest.Run(t, func(t *testing.T) func() provider.Provider {
 //			store := newEmptyStore(t) // cleaned up with t.Cleanup
-//			return func() cluster.Provider { return openProvider(t, store) }
+//			return func() provider.Provider { return openProvider(t, store) }
 //		})
 //	}
 //
@@ -41,7 +41,7 @@
 //   - ReleaseOldTerm: Release of an older term of an instance ends neither
 //     that instance's newer term nor another node's term granted since.
 //   - ReleaseInstance: a provider that implements
-//     [cluster.InstanceReleaser] ends the term of the given instance, and no
+//     [provider.InstanceReleaser] ends the term of the given instance, and no
 //     other instance's (skipped for a provider that does not).
 //   - ReleaseTokenZeroIsNotSpecial: Release with token 0 releases nothing:
 //     Release always matches the term's token.
@@ -58,7 +58,7 @@
 //   - IndependentNames: leases of different names are held, reported and
 //     released independently.
 //   - ReleaseWakesWatchers: a provider that implements
-//     [cluster.ReleaseWatcher] wakes, within 5s, the watcher of another
+//     [provider.ReleaseWatcher] wakes, within 5s, the watcher of another
 //     instance when a term is released through it, and wakes no one once
 //     the watch's stop has returned (skipped for a provider that does not).
 //   - ConcurrentAcquire: 8 providers over one store calling Acquire at once
@@ -71,7 +71,7 @@
 //
 // # Lanes
 //
-// A provider that implements [cluster.LaneStore] runs [RunLanes] too,
+// A provider that implements [provider.LaneStore] runs [RunLanes] too,
 // with a [LaneTarget]: a func that opens one more provider over the store,
 // and one that begins a transaction on it ([SQLTx] adapts a *sql.Tx;
 // [NoTx] serves a store without transactions). Each subtest runs on a
@@ -100,12 +100,12 @@
 //   - ReleaseLanes: it frees every lane of the instance and no other's.
 //   - IndependentScopes: the same key in two scopes is two lanes.
 //   - Census: PeekLane counts the lanes held, the caller's, and the other
-//     members that joined (through [cluster.MemberStore.Join] first, when
+//     members that joined (through [provider.MemberStore.Join] first, when
 //     the provider implements it, then JoinLanes).
 //   - ConcurrentClaim: 6 providers claiming one free lane at once, each in
 //     its own transaction, are granted exactly one claim; the others get
 //     ErrLaneHeld. Three rounds, with increasing tokens.
-//   - ConfigVersion, for a [cluster.ConfigStore]: the version starts at 0,
+//   - ConfigVersion, for a [provider.ConfigStore]: the version starts at 0,
 //     10 concurrent bumps from two providers return 1..10 once each, and
 //     scopes are independent (skipped for a store without it).
 //

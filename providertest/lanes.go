@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // A Tx is a transaction of the store under test, in which [RunLanes]
 // claims lanes.
 type Tx interface {
-	cluster.Querier
+	provider.Querier
 	cluster.Tx
 	Commit() error
 	Rollback() error
@@ -40,7 +41,7 @@ func (t sqlTx) Exec(ctx context.Context, query string, args ...any) (int64, erro
 	return res.RowsAffected()
 }
 
-func (t sqlTx) QueryRow(ctx context.Context, query string, args ...any) cluster.Row {
+func (t sqlTx) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
 	return t.tx.QueryRowContext(ctx, query, args...)
 }
 
@@ -59,7 +60,7 @@ func (noTx) Exec(context.Context, string, ...any) (int64, error) { return 0, err
 func (noTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, errNoTx
 }
-func (noTx) QueryRow(context.Context, string, ...any) cluster.Row {
+func (noTx) QueryRow(context.Context, string, ...any) provider.Row {
 	return noRow{}
 }
 func (noTx) Commit() error   { return nil }
@@ -73,7 +74,7 @@ func (noRow) Scan(...any) error { return errNoTx }
 type LaneTarget struct {
 	// Open returns one more provider over the store, as one more node
 	// would have: what one claims, the others see.
-	Open func() cluster.LaneStore
+	Open func() provider.LaneStore
 	// Begin begins a transaction on the store, in which the suite calls
 	// PeekLane and ClaimLane; the suite commits or rolls back each one.
 	// A store without transactions returns [NoTx].
@@ -83,12 +84,12 @@ type LaneTarget struct {
 // The lane holders the suite claims as: holder, instance.
 var laneNodes = map[string]string{"a": "a-instance", "b": "b-instance"}
 
-func laneReq(holder, key string, ttl time.Duration) cluster.LaneRequest {
-	return cluster.LaneRequest{Scope: "leader", Key: key, Holder: holder, Instance: laneNodes[holder], TTL: ttl}
+func laneReq(holder, key string, ttl time.Duration) provider.LaneRequest {
+	return provider.LaneRequest{Scope: "leader", Key: key, Holder: holder, Instance: laneNodes[holder], TTL: ttl}
 }
 
-// RunLanes runs the conformance suite of [cluster.LaneStore] (and of
-// [cluster.ConfigStore], when the store implements it) as subtests of t;
+// RunLanes runs the conformance suite of [provider.LaneStore] (and of
+// [provider.ConfigStore], when the store implements it) as subtests of t;
 // see the package doc. newStore is called once at the start of each
 // subtest and must return a fresh, empty store, as for [Run].
 func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
@@ -110,7 +111,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 			t.Fatalf("ReadLane of a lane never claimed = %+v, %v; want nil, nil", l, err)
 		}
 		l, c, err := peek(t, s, a, laneReq("a", "k", ttl))
-		if l != nil || err != nil || c != (cluster.LaneCensus{}) {
+		if l != nil || err != nil || c != (provider.LaneCensus{}) {
 			t.Fatalf("PeekLane of an empty store = %+v, %+v, %v; want nil, a zero census, nil", l, c, err)
 		}
 	})
@@ -171,7 +172,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 	t.Run("TokensIncrease", func(t *testing.T) {
 		ctx := t.Context()
 		s := newStore(t)
-		p := map[string]cluster.LaneStore{"a": s.Open(), "b": s.Open()}
+		p := map[string]provider.LaneStore{"a": s.Open(), "b": s.Open()}
 		var last uint64
 		for i := range 10 {
 			h := []string{"a", "b"}[i%2]
@@ -270,8 +271,8 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 		ctx := t.Context()
 		s := newStore(t)
 		a, b := s.Open(), s.Open()
-		for h, p := range map[string]cluster.LaneStore{"a": a, "b": b} {
-			if ms, ok := p.(cluster.MemberStore); ok {
+		for h, p := range map[string]provider.LaneStore{"a": a, "b": b} {
+			if ms, ok := p.(provider.MemberStore); ok {
 				if err := ms.Join(ctx, "leader", cluster.Member{NodeID: h, Instance: laneNodes[h], Host: "host", PID: 1}); err != nil {
 					t.Fatal(err)
 				}
@@ -284,7 +285,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 		claim(t, s, a, laneReq("a", "k2", ttl))
 		claim(t, s, b, laneReq("b", "k3", ttl))
 		_, c, err := peek(t, s, a, laneReq("a", "k4", ttl))
-		if err != nil || c != (cluster.LaneCensus{Lanes: 3, Mine: 2, Members: 1}) {
+		if err != nil || c != (provider.LaneCensus{Lanes: 3, Mine: 2, Members: 1}) {
 			t.Fatalf("a's census = %+v, %v; want 3 lanes, 2 of them a's, 1 other member", c, err)
 		}
 	})
@@ -293,7 +294,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 		ctx := t.Context()
 		s := newStore(t)
 		const n = 6
-		ps := make([]cluster.LaneStore, n)
+		ps := make([]provider.LaneStore, n)
 		for i := range ps {
 			ps[i] = s.Open()
 		}
@@ -306,7 +307,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 			errs := make([]error, n)
 			for i := range n {
 				wg.Go(func() {
-					r := cluster.LaneRequest{Scope: "leader", Key: "k", Holder: fmt.Sprint("n", i), Instance: fmt.Sprint("n", i, "-instance"), TTL: ttl}
+					r := provider.LaneRequest{Scope: "leader", Key: "k", Holder: fmt.Sprint("n", i), Instance: fmt.Sprint("n", i, "-instance"), TTL: ttl}
 					got[i], errs[i] = tryClaim(t, s, ps[i], r)
 				})
 			}
@@ -340,11 +341,11 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 	t.Run("ConfigVersion", func(t *testing.T) {
 		ctx := t.Context()
 		s := newStore(t)
-		a, ok := s.Open().(cluster.ConfigStore)
+		a, ok := s.Open().(provider.ConfigStore)
 		if !ok {
 			t.Skip("the store does not implement cluster.ConfigStore")
 		}
-		b := s.Open().(cluster.ConfigStore)
+		b := s.Open().(provider.ConfigStore)
 		if v, err := a.ReadConfigVersion(ctx, "leader"); v != 0 || err != nil {
 			t.Fatalf("ReadConfigVersion of a new store = %d, %v; want 0", v, err)
 		}
@@ -352,7 +353,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 		seen := make([]uint64, 10)
 		errs := make([]error, 10)
 		for i := range seen {
-			p := []cluster.ConfigStore{a, b}[i%2]
+			p := []provider.ConfigStore{a, b}[i%2]
 			wg.Go(func() { seen[i], errs[i] = p.BumpConfigVersion(ctx, "leader") })
 		}
 		wg.Wait()
@@ -376,7 +377,7 @@ func RunLanes(t *testing.T, newStore func(t *testing.T) LaneTarget) {
 
 // tryClaim claims r in a transaction of its own, committed when the claim
 // is granted.
-func tryClaim(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneRequest) (cluster.Lane, error) {
+func tryClaim(t *testing.T, s LaneTarget, p provider.LaneStore, r provider.LaneRequest) (cluster.Lane, error) {
 	t.Helper()
 	ctx := t.Context()
 	tx, err := s.Begin(ctx)
@@ -391,7 +392,7 @@ func tryClaim(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneReq
 	return l, tx.Commit()
 }
 
-func claim(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneRequest) cluster.Lane {
+func claim(t *testing.T, s LaneTarget, p provider.LaneStore, r provider.LaneRequest) cluster.Lane {
 	t.Helper()
 	l, err := tryClaim(t, s, p, r)
 	if err != nil {
@@ -400,7 +401,7 @@ func claim(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneReques
 	return l
 }
 
-func peek(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneRequest) (*cluster.Lane, cluster.LaneCensus, error) {
+func peek(t *testing.T, s LaneTarget, p provider.LaneStore, r provider.LaneRequest) (*cluster.Lane, provider.LaneCensus, error) {
 	t.Helper()
 	tx, err := s.Begin(t.Context())
 	if err != nil {
@@ -410,7 +411,7 @@ func peek(t *testing.T, s LaneTarget, p cluster.LaneStore, r cluster.LaneRequest
 	return p.PeekLane(t.Context(), tx, r, ttl)
 }
 
-func readLane(t *testing.T, p cluster.LaneStore, key string) *cluster.Lane {
+func readLane(t *testing.T, p provider.LaneStore, key string) *cluster.Lane {
 	t.Helper()
 	l, err := p.ReadLane(t.Context(), "leader", key)
 	if err != nil || l == nil {
@@ -421,7 +422,7 @@ func readLane(t *testing.T, p cluster.LaneStore, key string) *cluster.Lane {
 
 // mustHoldLane checks that holder holds lane key (through its instance,
 // for a and b), with token unless it is 0.
-func mustHoldLane(t *testing.T, p cluster.LaneStore, key, holder string, token uint64) {
+func mustHoldLane(t *testing.T, p provider.LaneStore, key, holder string, token uint64) {
 	t.Helper()
 	l := readLane(t, p, key)
 	instance, named := laneNodes[holder]
@@ -432,7 +433,7 @@ func mustHoldLane(t *testing.T, p cluster.LaneStore, key, holder string, token u
 }
 
 // mustBeFreeLane checks that lane key is free, its token kept.
-func mustBeFreeLane(t *testing.T, p cluster.LaneStore, key string, token uint64) {
+func mustBeFreeLane(t *testing.T, p provider.LaneStore, key string, token uint64) {
 	t.Helper()
 	l := readLane(t, p, key)
 	if l.Remaining > 0 || l.FencingToken != token {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // ErrDisconnected is returned by the calls of a node that
@@ -15,7 +16,7 @@ import (
 // treats an unreachable database.
 var ErrDisconnected = errors.New("providertest: node disconnected from the store")
 
-// Memory is a [cluster.Provider] that keeps its leases in memory: a store
+// Memory is a [provider.Provider] that keeps its leases in memory: a store
 // for tests, which every node of a test shares by setting the same Memory
 // as its [cluster.Config.Provider]. It passes the conformance suite ([Run])
 // and keeps the whole Provider contract: expiry by its clock, fencing
@@ -53,18 +54,18 @@ type memLease struct {
 func (l *memLease) held(now time.Time) bool { return l != nil && now.Before(l.expiresAt) }
 
 // is reports whether l is the term that x describes.
-func (l *memLease) is(x cluster.Lease) bool {
+func (l *memLease) is(x provider.Lease) bool {
 	return l.holder == x.Holder && l.instance == x.Instance && l.token == x.FencingToken
 }
 
-func (l *memLease) lease(name string) cluster.Lease {
-	return cluster.Lease{Name: name, Holder: l.holder, Instance: l.instance, Endpoint: l.endpoint,
+func (l *memLease) lease(name string) provider.Lease {
+	return provider.Lease{Name: name, Holder: l.holder, Instance: l.instance, Endpoint: l.endpoint,
 		FencingToken: l.token, ExpiresAt: l.expiresAt}
 }
 
 var (
-	_ cluster.Provider         = (*Memory)(nil)
-	_ cluster.InstanceReleaser = (*Memory)(nil)
+	_ provider.Provider         = (*Memory)(nil)
+	_ provider.InstanceReleaser = (*Memory)(nil)
 )
 
 // NewMemory returns an empty Memory whose leases expire by clock, or by
@@ -94,25 +95,25 @@ func (m *Memory) check(ctx context.Context, node, op, name string) error {
 	return nil
 }
 
-// Acquire implements [cluster.Provider]: it grants req a new term of the
+// Acquire implements [provider.Provider]: it grants req a new term of the
 // lease, with the next fencing token, unless another term holds the lease
 // unexpired (then it returns a [*cluster.LeaseHeldError]). req.TTL must be
 // positive.
-func (m *Memory) Acquire(ctx context.Context, req cluster.LeaseRequest) (cluster.Lease, error) {
+func (m *Memory) Acquire(ctx context.Context, req provider.LeaseRequest) (provider.Lease, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(ctx, req.Holder, "acquire", req.Name); err != nil {
-		return cluster.Lease{}, err
+		return provider.Lease{}, err
 	}
 	if req.TTL <= 0 {
-		return cluster.Lease{}, fmt.Errorf("providertest: acquire lease %q for %v: the TTL must be positive", req.Name, req.TTL)
+		return provider.Lease{}, fmt.Errorf("providertest: acquire lease %q for %v: the TTL must be positive", req.Name, req.TTL)
 	}
 	m.laneState()
 	m.nodes[req.Instance] = req.Holder
 	now := m.now()
 	l := m.leases[req.Name]
 	if l.held(now) {
-		return cluster.Lease{}, &cluster.LeaseHeldError{Holder: l.holder, Instance: l.instance, Endpoint: l.endpoint,
+		return provider.Lease{}, &cluster.LeaseHeldError{Holder: l.holder, Instance: l.instance, Endpoint: l.endpoint,
 			FencingToken: l.token, ExpiresAt: l.expiresAt, Remaining: l.expiresAt.Sub(now)}
 	}
 	if l == nil {
@@ -128,10 +129,10 @@ func (m *Memory) Acquire(ctx context.Context, req cluster.LeaseRequest) (cluster
 	return l.lease(req.Name), nil
 }
 
-// Renew implements [cluster.Provider]: it moves the expiry of the term
+// Renew implements [provider.Provider]: it moves the expiry of the term
 // described by l to ttl from now, or returns [cluster.ErrLeaseLost] when
 // that term no longer holds the lease. ttl must be positive.
-func (m *Memory) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) (cluster.Lease, error) {
+func (m *Memory) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(ctx, l.Holder, "renew", l.Name); err != nil {
@@ -149,10 +150,10 @@ func (m *Memory) Renew(ctx context.Context, l cluster.Lease, ttl time.Duration) 
 	return cur.lease(l.Name), nil
 }
 
-// Release implements [cluster.Provider]: it ends the term described by l
+// Release implements [provider.Provider]: it ends the term described by l
 // at once, keeping its token, if that term still holds the lease. A
 // FencingToken of 0 in l ends any term of l's holder and instance.
-func (m *Memory) Release(ctx context.Context, l cluster.Lease) error {
+func (m *Memory) Release(ctx context.Context, l provider.Lease) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(ctx, l.Holder, "release", l.Name); err != nil {
@@ -167,7 +168,7 @@ func (m *Memory) Release(ctx context.Context, l cluster.Lease) error {
 	return nil
 }
 
-// ReleaseInstance implements [cluster.InstanceReleaser]: it ends whatever
+// ReleaseInstance implements [provider.InstanceReleaser]: it ends whatever
 // term instance holds of the lease named name.
 func (m *Memory) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
 	m.mu.Lock()
@@ -183,7 +184,7 @@ func (m *Memory) ReleaseInstance(ctx context.Context, name, holder, instance str
 	return nil
 }
 
-// Leader implements [cluster.Provider]. It answers every caller, even a
+// Leader implements [provider.Provider]. It answers every caller, even a
 // disconnected node, since the call does not say which node makes it.
 func (m *Memory) Leader(ctx context.Context, name string) (*cluster.Leader, error) {
 	if err := ctx.Err(); err != nil {

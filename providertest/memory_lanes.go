@@ -8,18 +8,19 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
-// Memory keeps lanes ([cluster.LaneStore]) and config versions
-// ([cluster.ConfigStore]) too, so that tests of partitioned work run
+// Memory keeps lanes ([provider.LaneStore]) and config versions
+// ([provider.ConfigStore]) too, so that tests of partitioned work run
 // without a database: [cluster.Cluster.ClaimLane] with [NoTx] (Memory
 // has no transactions: a claim takes effect when it returns, as
 // if its transaction had committed, and a rollback undoes nothing), and
 // [Memory.ExpireLane] to end a claim as a crash would.
 
 var (
-	_ cluster.LaneStore   = (*Memory)(nil)
-	_ cluster.ConfigStore = (*Memory)(nil)
+	_ provider.LaneStore   = (*Memory)(nil)
+	_ provider.ConfigStore = (*Memory)(nil)
 )
 
 // laneID names a lane: its scope (the lease name) and key.
@@ -70,8 +71,8 @@ func (m *Memory) checkLane(ctx context.Context, node, instance, op, key string) 
 
 // census counts what a node's share of the lanes of scope is computed
 // from, for instance, at now. The caller holds m.mu.
-func (m *Memory) census(scope, instance string, window time.Duration, now time.Time) cluster.LaneCensus {
-	var c cluster.LaneCensus
+func (m *Memory) census(scope, instance string, window time.Duration, now time.Time) provider.LaneCensus {
+	var c provider.LaneCensus
 	since := now.Add(-window)
 	for id, l := range m.lanes {
 		if id.scope != scope {
@@ -92,13 +93,13 @@ func (m *Memory) census(scope, instance string, window time.Duration, now time.T
 	return c
 }
 
-// PeekLane implements [cluster.LaneStore]; tx is ignored. A member counts
+// PeekLane implements [provider.LaneStore]; tx is ignored. A member counts
 // in the census while it called JoinLanes or RenewLanes within window.
-func (m *Memory) PeekLane(ctx context.Context, _ cluster.Querier, req cluster.LaneRequest, window time.Duration) (*cluster.Lane, cluster.LaneCensus, error) {
+func (m *Memory) PeekLane(ctx context.Context, _ provider.Querier, req provider.LaneRequest, window time.Duration) (*cluster.Lane, provider.LaneCensus, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.checkLane(ctx, req.Holder, req.Instance, "read", req.Key); err != nil {
-		return nil, cluster.LaneCensus{}, err
+		return nil, provider.LaneCensus{}, err
 	}
 	now := m.now()
 	c := m.census(req.Scope, req.Instance, window, now)
@@ -110,12 +111,12 @@ func (m *Memory) PeekLane(ctx context.Context, _ cluster.Querier, req cluster.La
 	return &out, c, nil
 }
 
-// ClaimLane implements [cluster.LaneStore]: it claims the lane at once (tx
+// ClaimLane implements [provider.LaneStore]: it claims the lane at once (tx
 // is ignored), with the lane's next token when it is free or expired, or
 // renews it, keeping its token, when req.Instance holds it; a lane another
 // instance holds returns a [*cluster.LaneHeldError]. req.TTL must be
 // positive.
-func (m *Memory) ClaimLane(ctx context.Context, _ cluster.Querier, req cluster.LaneRequest) (cluster.Lane, error) {
+func (m *Memory) ClaimLane(ctx context.Context, _ provider.Querier, req provider.LaneRequest) (cluster.Lane, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.checkLane(ctx, req.Holder, req.Instance, "claim", req.Key); err != nil {
@@ -144,22 +145,22 @@ func (m *Memory) ClaimLane(ctx context.Context, _ cluster.Querier, req cluster.L
 	return l.lane(req.Key, now), nil
 }
 
-// RenewLanes implements [cluster.LaneStore]; it also counts the instance
+// RenewLanes implements [provider.LaneStore]; it also counts the instance
 // as seen, for the census, if it called JoinLanes.
-func (m *Memory) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (cluster.LaneReport, error) {
+func (m *Memory) RenewLanes(ctx context.Context, scope, instance string, ttl, window time.Duration) (provider.LaneReport, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.checkLane(ctx, "", instance, "renew", "*"); err != nil {
-		return cluster.LaneReport{}, err
+		return provider.LaneReport{}, err
 	}
 	if ttl <= 0 {
-		return cluster.LaneReport{}, fmt.Errorf("providertest: renew lanes for %v: the TTL must be positive", ttl)
+		return provider.LaneReport{}, fmt.Errorf("providertest: renew lanes for %v: the TTL must be positive", ttl)
 	}
 	now := m.now()
 	if _, ok := m.takers[scope][instance]; ok {
 		m.takers[scope][instance] = now
 	}
-	var rep cluster.LaneReport
+	var rep provider.LaneReport
 	for id, l := range m.lanes {
 		if id.scope == scope && l.instance == instance && l.held(now) {
 			l.renewed, l.expires = now, now.Add(ttl)
@@ -172,7 +173,7 @@ func (m *Memory) RenewLanes(ctx context.Context, scope, instance string, ttl, wi
 	return rep, nil
 }
 
-// ReleaseLane implements [cluster.LaneStore].
+// ReleaseLane implements [provider.LaneStore].
 func (m *Memory) ReleaseLane(ctx context.Context, scope, key, holder, instance string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -186,7 +187,7 @@ func (m *Memory) ReleaseLane(ctx context.Context, scope, key, holder, instance s
 	return nil
 }
 
-// ReleaseLanes implements [cluster.LaneStore].
+// ReleaseLanes implements [provider.LaneStore].
 func (m *Memory) ReleaseLanes(ctx context.Context, scope, holder, instance string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -202,7 +203,7 @@ func (m *Memory) ReleaseLanes(ctx context.Context, scope, holder, instance strin
 	return nil
 }
 
-// JoinLanes implements [cluster.LaneStore]: the instance counts in the
+// JoinLanes implements [provider.LaneStore]: the instance counts in the
 // census of scope while it calls JoinLanes or RenewLanes within the
 // census window.
 func (m *Memory) JoinLanes(ctx context.Context, scope, instance string) error {
@@ -218,7 +219,7 @@ func (m *Memory) JoinLanes(ctx context.Context, scope, instance string) error {
 	return nil
 }
 
-// ReadLane implements [cluster.LaneStore]. Like Leader, it answers every
+// ReadLane implements [provider.LaneStore]. Like Leader, it answers every
 // caller.
 func (m *Memory) ReadLane(ctx context.Context, scope, key string) (*cluster.Lane, error) {
 	if err := ctx.Err(); err != nil {
@@ -249,7 +250,7 @@ func (m *Memory) ExpireLane(scope, key string) {
 	}
 }
 
-// ReadConfigVersion implements [cluster.ConfigStore].
+// ReadConfigVersion implements [provider.ConfigStore].
 func (m *Memory) ReadConfigVersion(ctx context.Context, scope string) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("providertest: read the config version: %w", err)
@@ -264,7 +265,7 @@ func (m *Memory) ReadConfigVersion(ctx context.Context, scope string) (uint64, e
 	return v, nil
 }
 
-// BumpConfigVersion implements [cluster.ConfigStore].
+// BumpConfigVersion implements [provider.ConfigStore].
 func (m *Memory) BumpConfigVersion(ctx context.Context, scope string) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("providertest: bump the config version: %w", err)

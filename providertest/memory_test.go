@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 	"github.com/sqlfence/cluster/providertest"
 )
 
@@ -17,16 +18,16 @@ func TestMemoryConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("NewMemory", func(t *testing.T) {
 		t.Parallel()
-		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+		providertest.Run(t, func(t *testing.T) func() provider.Provider {
 			m := providertest.NewMemory(nil)
-			return func() cluster.Provider { return m }
+			return func() provider.Provider { return m }
 		})
 	})
 	t.Run("ZeroValue", func(t *testing.T) {
 		t.Parallel()
-		providertest.Run(t, func(t *testing.T) func() cluster.Provider {
+		providertest.Run(t, func(t *testing.T) func() provider.Provider {
 			m := new(providertest.Memory)
-			return func() cluster.Provider { return m }
+			return func() provider.Provider { return m }
 		})
 	})
 }
@@ -37,17 +38,17 @@ func TestMemoryLaneConformance(t *testing.T) {
 	providertest.RunLanes(t, func(t *testing.T) providertest.LaneTarget {
 		m := providertest.NewMemory(nil)
 		return providertest.LaneTarget{
-			Open:  func() cluster.LaneStore { return m },
+			Open:  func() provider.LaneStore { return m },
 			Begin: func(context.Context) (providertest.Tx, error) { return providertest.NoTx, nil },
 		}
 	})
 }
 
-func request(holder string, ttl time.Duration) cluster.LeaseRequest {
-	return cluster.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
+func request(holder string, ttl time.Duration) provider.LeaseRequest {
+	return provider.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
 }
 
-func mustAcquire(t *testing.T, m *providertest.Memory, r cluster.LeaseRequest) cluster.Lease {
+func mustAcquire(t *testing.T, m *providertest.Memory, r provider.LeaseRequest) provider.Lease {
 	t.Helper()
 	l, err := m.Acquire(t.Context(), r)
 	if err != nil {

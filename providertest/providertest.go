@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // The TTLs the suite acquires with; see the package doc.
@@ -35,7 +36,7 @@ const (
 // To skip a subtest, for a defect known and being fixed, call t.Skip in
 // newStore when t.Name() ends in its name: the subtest has not touched
 // the store yet. Say in the reason what is wrong.
-func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
+func Run(t *testing.T, newStore func(t *testing.T) func() provider.Provider) {
 	t.Run("AcquireFree", func(t *testing.T) {
 		p := newStore(t)()
 		l := acquire(t, p, req("a", ttl))
@@ -72,7 +73,7 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		ctx := t.Context()
 		open := newStore(t)
 		a, b := open(), open()
-		poll := func(holder string, d time.Duration) cluster.LeaseRequest {
+		poll := func(holder string, d time.Duration) provider.LeaseRequest {
 			r := req(holder, d)
 			r.Poll = true
 			return r
@@ -121,13 +122,13 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		l := acquire(t, p, req("a", ttl))
 		for _, c := range []struct {
 			field string
-			edit  func(*cluster.Lease)
+			edit  func(*provider.Lease)
 		}{
-			{"name", func(l *cluster.Lease) { l.Name = "other" }},
-			{"holder", func(l *cluster.Lease) { l.Holder = "b" }},
-			{"instance", func(l *cluster.Lease) { l.Instance = "a-other-instance" }},
-			{"token", func(l *cluster.Lease) { l.FencingToken++ }},
-			{"older token", func(l *cluster.Lease) { l.FencingToken-- }},
+			{"name", func(l *provider.Lease) { l.Name = "other" }},
+			{"holder", func(l *provider.Lease) { l.Holder = "b" }},
+			{"instance", func(l *provider.Lease) { l.Instance = "a-other-instance" }},
+			{"token", func(l *provider.Lease) { l.FencingToken++ }},
+			{"older token", func(l *provider.Lease) { l.FencingToken-- }},
 		} {
 			wrong := l
 			c.edit(&wrong)
@@ -189,7 +190,7 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 	t.Run("ReleaseInstance", func(t *testing.T) {
 		ctx := t.Context()
 		p := newStore(t)()
-		r, ok := p.(cluster.InstanceReleaser)
+		r, ok := p.(provider.InstanceReleaser)
 		if !ok {
 			t.Skip("the provider does not implement cluster.InstanceReleaser")
 		}
@@ -225,11 +226,11 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 		l := acquire(t, p, req("a", ttl))
 		for _, c := range []struct {
 			field string
-			edit  func(*cluster.Lease)
+			edit  func(*provider.Lease)
 		}{
-			{"name", func(l *cluster.Lease) { l.Name = "other" }},
-			{"holder", func(l *cluster.Lease) { l.Holder = "b" }},
-			{"instance", func(l *cluster.Lease) { l.Instance = "a-other-instance" }},
+			{"name", func(l *provider.Lease) { l.Name = "other" }},
+			{"holder", func(l *provider.Lease) { l.Holder = "b" }},
+			{"instance", func(l *provider.Lease) { l.Instance = "a-other-instance" }},
 		} {
 			wrong := l
 			c.edit(&wrong)
@@ -243,7 +244,7 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 	t.Run("ReleaseNotHeld", func(t *testing.T) {
 		ctx := t.Context()
 		p := newStore(t)()
-		never := cluster.Lease{Name: "leader", Holder: "a", Instance: "a-instance", FencingToken: 1}
+		never := provider.Lease{Name: "leader", Holder: "a", Instance: "a-instance", FencingToken: 1}
 		if err := p.Release(ctx, never); err != nil {
 			t.Fatalf("Release of a lease never acquired: %v", err)
 		}
@@ -257,7 +258,7 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 
 	t.Run("TokensIncrease", func(t *testing.T) {
 		open := newStore(t)
-		nodes := []cluster.Provider{open(), open()}
+		nodes := []provider.Provider{open(), open()}
 		var last uint64
 		for i := range 20 {
 			p := nodes[i%2]
@@ -322,7 +323,7 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 
 	t.Run("ReleaseWakesWatchers", func(t *testing.T) {
 		p := newStore(t)()
-		w, ok := p.(cluster.ReleaseWatcher)
+		w, ok := p.(provider.ReleaseWatcher)
 		if !ok {
 			t.Skipf("%T does not implement cluster.ReleaseWatcher", p)
 		}
@@ -358,11 +359,11 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 	})
 
 	t.Run("ConcurrentAcquire", func(t *testing.T) {
-		concurrentRounds(t, newStore(t), func(t *testing.T, winner cluster.Lease, errs []error) {})
+		concurrentRounds(t, newStore(t), func(t *testing.T, winner provider.Lease, errs []error) {})
 	})
 
 	t.Run("ConcurrentAcquireReportsWinner", func(t *testing.T) {
-		concurrentRounds(t, newStore(t), func(t *testing.T, winner cluster.Lease, errs []error) {
+		concurrentRounds(t, newStore(t), func(t *testing.T, winner provider.Lease, errs []error) {
 			t.Helper()
 			for _, err := range errs {
 				if err != nil {
@@ -378,10 +379,10 @@ func Run(t *testing.T, newStore func(t *testing.T) func() cluster.Provider) {
 // exactly one term is granted each round, with a greater token than the
 // round before, and that the others get ErrLeaseHeld; then it calls check
 // with the winner's lease and every node's error (nil for the winner).
-func concurrentRounds(t *testing.T, open func() cluster.Provider, check func(t *testing.T, winner cluster.Lease, errs []error)) {
+func concurrentRounds(t *testing.T, open func() provider.Provider, check func(t *testing.T, winner provider.Lease, errs []error)) {
 	t.Helper()
 	const n = 8
-	providers := make([]cluster.Provider, n)
+	providers := make([]provider.Provider, n)
 	for i := range providers {
 		providers[i] = open()
 	}
@@ -389,7 +390,7 @@ func concurrentRounds(t *testing.T, open func() cluster.Provider, check func(t *
 	for round := 1; round <= 3; round++ {
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		leases := make([]cluster.Lease, n)
+		leases := make([]provider.Lease, n)
 		errs := make([]error, n)
 		for i, p := range providers {
 			wg.Go(func() {
@@ -424,11 +425,11 @@ func concurrentRounds(t *testing.T, open func() cluster.Provider, check func(t *
 }
 
 // req is node holder's request for the lease "leader".
-func req(holder string, ttl time.Duration) cluster.LeaseRequest {
-	return cluster.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
+func req(holder string, ttl time.Duration) provider.LeaseRequest {
+	return provider.LeaseRequest{Name: "leader", Holder: holder, Instance: holder + "-instance", Endpoint: "https://" + holder, TTL: ttl}
 }
 
-func acquire(t *testing.T, p cluster.Provider, r cluster.LeaseRequest) cluster.Lease {
+func acquire(t *testing.T, p provider.Provider, r provider.LeaseRequest) provider.Lease {
 	t.Helper()
 	l, err := p.Acquire(t.Context(), r)
 	if err != nil {
@@ -437,7 +438,7 @@ func acquire(t *testing.T, p cluster.Provider, r cluster.LeaseRequest) cluster.L
 	return l
 }
 
-func release(t *testing.T, p cluster.Provider, l cluster.Lease) {
+func release(t *testing.T, p provider.Provider, l provider.Lease) {
 	t.Helper()
 	if err := p.Release(t.Context(), l); err != nil {
 		t.Fatalf("Release(%q) of %s's term %d: %v", l.Name, l.Holder, l.FencingToken, err)
@@ -447,7 +448,7 @@ func release(t *testing.T, p cluster.Provider, l cluster.Lease) {
 // mustBeHeldOrSame checks the answer to the holder of term l asking for
 // the lease again: ErrLeaseHeld naming l, or l itself (its holder, instance
 // and token), never a term of its own.
-func mustBeHeldOrSame(t *testing.T, got cluster.Lease, err error, l cluster.Lease, ttl time.Duration) {
+func mustBeHeldOrSame(t *testing.T, got provider.Lease, err error, l provider.Lease, ttl time.Duration) {
 	t.Helper()
 	if err != nil {
 		mustBeHeld(t, err, l, ttl)
@@ -461,7 +462,7 @@ func mustBeHeldOrSame(t *testing.T, got cluster.Lease, err error, l cluster.Leas
 
 // mustBeHeld checks that err reports l as the term holding the lease, with
 // at most ttl remaining.
-func mustBeHeld(t *testing.T, err error, l cluster.Lease, ttl time.Duration) *cluster.LeaseHeldError {
+func mustBeHeld(t *testing.T, err error, l provider.Lease, ttl time.Duration) *cluster.LeaseHeldError {
 	t.Helper()
 	var held *cluster.LeaseHeldError
 	if !errors.As(err, &held) || !errors.Is(err, cluster.ErrLeaseHeld) {
@@ -483,7 +484,7 @@ func mustBeHeld(t *testing.T, err error, l cluster.Lease, ttl time.Duration) *cl
 }
 
 // mustLead checks that Leader reports l as the term holding its lease.
-func mustLead(t *testing.T, p cluster.Provider, l cluster.Lease) {
+func mustLead(t *testing.T, p provider.Provider, l provider.Lease) {
 	t.Helper()
 	leader, err := p.Leader(t.Context(), l.Name)
 	if err != nil {
@@ -499,7 +500,7 @@ func mustLead(t *testing.T, p cluster.Provider, l cluster.Lease) {
 }
 
 // mustBeFree checks that Leader reports nobody holding lease name.
-func mustBeFree(t *testing.T, p cluster.Provider, name string) {
+func mustBeFree(t *testing.T, p provider.Provider, name string) {
 	t.Helper()
 	leader, err := p.Leader(t.Context(), name)
 	if err != nil || leader != nil {

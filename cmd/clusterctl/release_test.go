@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // An operator's release ends the term it read and no other, even when the
@@ -34,7 +35,7 @@ func TestReleaseEndsOnlyTheTermItRead(t *testing.T) {
 			if err := p.Init(ctx); err != nil {
 				t.Fatal(err)
 			}
-			l, err := p.Acquire(ctx, cluster.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
+			l, err := p.Acquire(ctx, provider.LeaseRequest{Name: "leader", Holder: "x", Instance: "xi", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
