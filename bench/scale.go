@@ -316,8 +316,11 @@ func scaleOne(ctx context.Context, p *scalePoint, s scaleSetup) error {
 	if _, err := waitLeader(ctx, sys, 5*s.tm.ttl); err != nil {
 		return err
 	}
-	// Let the followers settle into their cycle before measuring.
-	if err := sleep(ctx, max(2*time.Second, 5*s.tm.heartbeat)); err != nil {
+	// Let the followers settle into their cycle before measuring, and let
+	// every backend report the start's transactions: PostgreSQL 15 flushes
+	// an idle backend's counts up to 10s late (PGSTAT_IDLE_INTERVAL), and a
+	// listening member's connections sit idle for a LeaseTTL at a time.
+	if err := sleep(ctx, max(11*time.Second, 5*s.tm.heartbeat)); err != nil {
 		return err
 	}
 
@@ -458,8 +461,10 @@ func checkHeadroom(ctx context.Context, admin *sql.DB, need, headroom int) error
 }
 
 // xactCount is the database's committed and rolled-back transactions so
-// far, as pg_stat_database shows them (each backend flushes its counts at
-// most once a second, so a window of 10s is right within about 10%).
+// far, as pg_stat_database shows them. A busy backend flushes its counts
+// at most once a second, an idle one within 10s, so a window is right
+// within about 10s of load at either end: use -window 30s or more for a
+// listening member's small rates.
 func xactCount(ctx context.Context, admin *sql.DB) (int64, error) {
 	var n int64
 	err := admin.QueryRowContext(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
