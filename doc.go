@@ -128,8 +128,8 @@
 // the lease row for share until it ends, so every committed write fenced
 // with token T commits before any acquisition of a later token;
 // [Cluster.BeginFenced] begins a transaction and fences it in one call (on
-// a pool of [OpenMySQL], with no START TRANSACTION of its own; on a pool of
-// clusterpgx.OpenDB, with the BEGIN and the fence in one round trip). The chain
+// a pool of clusterpgx.OpenDB, with the BEGIN and the fence in one round
+// trip). The chain
 // tips table ([Config.Chains], [Cluster.AdvanceTip]) carries triggers that
 // refuse a tip under a stale token, a tip moving backwards or rewritten at
 // its counter with another hash, and deletes, in SQL, whoever writes. [New] and every acquisition compare each chain's

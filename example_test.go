@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite"
 
 	"github.com/sqlfence/cluster"
@@ -210,8 +209,7 @@ func ExampleCluster_Fence() {
 	// after losing the lease: true true
 }
 
-// BeginFenced begins a transaction and fences it in one call; on a pool of
-// OpenMySQL it also spares the transaction its START TRANSACTION.
+// BeginFenced begins a transaction and fences it in one call.
 func ExampleCluster_BeginFenced() {
 	db, cleanup := openExampleDB()
 	defer cleanup()
@@ -242,37 +240,6 @@ func ExampleCluster_BeginFenced() {
 	// Output:
 	// while leading: <nil>
 	// after losing the lease: true
-}
-
-// OpenMySQL opens the pool a MySQL or MariaDB service gives the cluster
-// and begins its fenced transactions on.
-func ExampleOpenMySQL() {
-	cfg, err := mysql.ParseDSN("app:secret@tcp(db.internal:3306)/app")
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err := cluster.OpenMySQL(cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	ctx := context.Background()
-	if err := cluster.Init(ctx, cluster.Config{NodeID: "api-1", DB: db}); err != nil {
-		log.Fatal(err)
-	}
-	defer cluster.Shutdown(ctx)
-
-	tx, token, err := cluster.Default().BeginFenced(ctx, db, nil) // no START TRANSACTION: the fence's read opens it
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, "INSERT INTO payments (amount, fencing_token) VALUES (?, ?)", 100, token); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		log.Fatal(err)
-	}
 }
 
 // AdvanceTip records a hash-chained table's new tip in the transaction that

@@ -468,13 +468,10 @@ func (p sqlPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
 // defaults), fences it as [Cluster.Fence] does, and returns the
 // transaction, for the caller to commit or roll back, and the token of
 // the term it verified, for the rows the transaction writes. On a pool
-// opened by [OpenMySQL] the transaction begins without a START
-// TRANSACTION of its own (the fence's read opens it), so fenced
-// transactions that follow one another on a connection take no more
-// round trips than the same ones begun with db.BeginTx (see OpenMySQL for
-// the cost of switching); on a pool opened by clusterpgx.OpenDB or
-// OpenDBFromPool the BEGIN and the fence go to PostgreSQL in one batch;
-// on any other *sql.DB it is db.BeginTx followed by Fence.
+// opened by clusterpgx.OpenDB or OpenDBFromPool the BEGIN and the fence
+// go to PostgreSQL in one batch; on any other *sql.DB it is db.BeginTx
+// followed by Fence, one round trip more (on MySQL and MariaDB the fence
+// costs that round trip: see the README's "Fenced transactions").
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was
@@ -497,8 +494,7 @@ func (c *Cluster) BeginFenced(ctx context.Context, db *sql.DB, opts *sql.TxOptio
 	if db == nil {
 		return nil, 0, fmt.Errorf("%w: Cluster.BeginFenced needs the *sql.DB to begin on; it was given nil", ErrInvalidConfig)
 	}
-	// A connection of clusterpgx.OpenDB fences as it begins; one of
-	// OpenMySQL begins implicitly with the fence's read.
+	// A connection of clusterpgx.OpenDB fences as it begins.
 	req := &fencedbegin.Request{Fencer: c}
 	tx, err := db.BeginTx(fencedbegin.With(ctx, req), opts)
 	if err != nil {

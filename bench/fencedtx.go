@@ -108,18 +108,6 @@ func benchFence(ctx context.Context, tg target, o fenceOptions, so sqlfenceOptio
 		defer db.Close()
 	}
 	plain := db
-	if tg.dialect == cluster.MySQL && tg.beginFenced {
-		// The unfenced and read forms on a pool of sql.Open, as an
-		// application runs them: on the OpenMySQL pool each would first
-		// turn autocommit back on after a fenced transaction on its
-		// connection (a round trip the application avoids by keeping its
-		// other work on another pool, as the README advises).
-		if plain, err = sql.Open(tg.driver, tg.dsn); err != nil {
-			return res, err
-		}
-		plain.SetMaxOpenConns(2)
-		defer plain.Close()
-	}
 	ops, closeApp, err := txForms(ctx, tg, c, db, plain, q)
 	if err != nil {
 		return res, err
@@ -231,7 +219,7 @@ func txForms(ctx context.Context, tg target, c *cluster.Cluster, db, plain *sql.
 			switch {
 			case form == formFenced && tg.beginFenced:
 				// On clusterpgx.OpenDB's pool the BEGIN and the fence in
-				// one batch; on OpenMySQL's no START TRANSACTION.
+				// one batch.
 				tx, token, err = c.BeginFenced(ctx, db, nil)
 			case form == formFenced:
 				tx, err = db.BeginTx(ctx, nil)

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -40,10 +40,7 @@ type target struct {
 	// beginFenced fences the application's transactions with
 	// clusterpgx.BeginFenced (pgx) or Cluster.BeginFenced
 	// (database/sql, on a pool of clusterpgx.OpenDB): the BEGIN and the
-	// fence in one round trip, rather than a BEGIN and then Fence; on
-	// MariaDB with cluster.BeginFenced on a pool of cluster.OpenMySQL,
-	// which sends no START TRANSACTION (the fence's read opens the
-	// transaction).
+	// fence in one round trip, rather than a BEGIN and then Fence.
 	beginFenced bool
 	// ownPool runs the application's database/sql transactions of the
 	// fenced-transaction comparison on a pool of their own, not on the
@@ -87,8 +84,6 @@ func newTarget(name string, d dsns, prefix string) (target, error) {
 		return target{name: name, dialect: cluster.Postgres, driver: "pgx", dsn: d.postgres, pgx: true, prefix: prefix, beginFenced: true}, nil
 	case "mariadb", "mysql":
 		return target{name: "mariadb", dialect: cluster.MySQL, driver: "mysql", dsn: d.mysql, prefix: prefix}, nil
-	case "mariadb+begin":
-		return target{name: name, dialect: cluster.MySQL, driver: "mysql", dsn: d.mysql, prefix: prefix, beginFenced: true}, nil
 	case "mariadb+ip":
 		// go-sql-driver/mysql prepares, runs and closes a statement that
 		// has arguments (two round trips) unless interpolateParams is set,
@@ -142,14 +137,6 @@ func (tg target) openMember(ctx context.Context, conns int) (memberDB, error) {
 			open = clusterpgx.OpenDB // its transactions can begin fenced
 		}
 		db = open(*cc, opts...)
-	} else if tg.dialect == cluster.MySQL && tg.beginFenced {
-		cfg, err := mysql.ParseDSN(tg.dsn)
-		if err != nil {
-			return memberDB{}, err
-		}
-		if db, err = cluster.OpenMySQL(cfg); err != nil { // its transactions can begin fenced
-			return memberDB{}, err
-		}
 	} else {
 		var err error
 		if db, err = sql.Open(tg.driver, tg.dsn); err != nil {

@@ -25,7 +25,7 @@ import (
 // An experiment is one seeded run against one dialect.
 type experiment struct {
 	Dialect     cluster.Dialect
-	Stack       string // how nodes reach the database (stackSQL, stackPgx on PostgreSQL, stackOpen on MySQL)
+	Stack       string // how nodes reach the database (stackSQL, or stackPgx on PostgreSQL)
 	DSN         string // server DSN (PostgreSQL, MySQL)
 	Seed        uint64
 	Duration    time.Duration // of the nemesis schedule
@@ -112,7 +112,7 @@ func (e *experiment) run(ctx context.Context) (*result, error) {
 	if err := allowed(e.Dialect, e.Stack, kinds); err != nil {
 		return nil, err
 	}
-	if ok := e.Stack == stackSQL || e.Stack == stackPgx && e.Dialect == cluster.Postgres || e.Stack == stackOpen && e.Dialect == cluster.MySQL; !ok {
+	if ok := e.Stack == stackSQL || e.Stack == stackPgx && e.Dialect == cluster.Postgres; !ok {
 		return nil, fmt.Errorf("stack %q is not available on %s (the pgx stack needs PostgreSQL, the open stack MySQL)", e.Stack, e.Dialect)
 	}
 	exe, err := os.Executable()

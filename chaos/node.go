@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sqlfence/cluster"
@@ -45,7 +45,7 @@ type nodeConfig struct {
 	StaleWrites  int           // writes under the old token after each term ends
 	WallOffset   time.Duration // how far this node's wall clock is set off
 	Mutant       string
-	Stack        string // how the node reaches its database: stackSQL, stackPgx or stackOpen
+	Stack        string // how the node reaches its database: stackSQL or stackPgx
 	Lanes        int    // lane keys of the lanes workload (0: none)
 }
 
@@ -55,15 +55,9 @@ const (
 	stackSQL = ""
 	// stackPgx (PostgreSQL): a pool of clusterpgx.OpenDB given to the
 	// cluster through clusterpgx.NewStdlibProvider, so followers LISTEN
-	// and a release names its successor, which attempts on its listening
-	// connection; fenced writes begin with Cluster.BeginFenced (the BEGIN
-	// and the fence in one round trip).
+	// and each that hears a release attempts once; fenced writes begin
+	// with Cluster.BeginFenced (the BEGIN and the fence in one round trip).
 	stackPgx = "pgx"
-	// stackOpen (MySQL): a pool of cluster.OpenMySQL as Config.DB; fenced
-	// writes begin with cluster.BeginFenced, which sends no START
-	// TRANSACTION (the fence's locked read opens the transaction on a
-	// session with autocommit off).
-	stackOpen = "open"
 )
 
 // The mutants a node can play (see mutant_test.go and RELIABILITY.md).
@@ -234,16 +228,6 @@ func open(cfg nodeConfig) (*sql.DB, provider.Provider, error) {
 			return nil, nil, err
 		}
 		return db, p, nil
-	case stackOpen:
-		if cfg.Dialect != cluster.MySQL {
-			return nil, nil, fmt.Errorf("stack %q needs MySQL, not %s", cfg.Stack, cfg.Dialect)
-		}
-		mc, err := mysql.ParseDSN(cfg.DSN)
-		if err != nil {
-			return nil, nil, err
-		}
-		db, err := cluster.OpenMySQL(mc)
-		return db, nil, err
 	}
 	return nil, nil, fmt.Errorf("unknown stack %q", cfg.Stack)
 }
@@ -483,10 +467,9 @@ func (n *node) txn(ctx context.Context, style string, token uint64, id string) r
 	}
 	var tx *sql.Tx
 	var err error
-	if fenced(style) && (n.cfg.Stack == stackPgx || n.cfg.Stack == stackOpen) {
+	if fenced(style) && n.cfg.Stack == stackPgx {
 		// On a pool of clusterpgx.OpenDB the BEGIN and the fence in one
-		// round trip; on one of OpenMySQL no START TRANSACTION (the
-		// fence's read opens the transaction).
+		// round trip.
 		if tx, token, err = n.c.BeginFenced(ctx, n.db, nil); err != nil {
 			return fail("begin and fence", err)
 		}
