@@ -257,6 +257,9 @@ type Config struct {
 	// than it can work on. Default 0: no cap but the fair share. Must not
 	// be negative.
 	MaxLanes int
+
+	// opts are the settings only this package's tests change.
+	opts options
 }
 
 // Validate reports whether c, with its defaults applied, is a valid
@@ -268,7 +271,23 @@ func (c Config) Validate() error {
 }
 
 // resolve returns c with its defaults applied, or the first rule it breaks.
+// options are settings of a Config that only this package's tests
+// change (export_test.go), kept out of the API and out of package state.
+type options struct {
+	// rowCheckEvery is how often a candidate whose lease statements
+	// refresh its membership row (PostgreSQL's) checks that the row is
+	// still its own: those statements cannot tell it that the row was
+	// taken over (crashedRetention) while the node went unseen, paused or
+	// cut off for a week. Zero means an hour: one statement an hour; the
+	// first check after such a pause comes at the pause's end, as the
+	// hour has passed.
+	rowCheckEvery time.Duration
+}
+
 func (c Config) resolve() (Config, error) {
+	if c.opts.rowCheckEvery <= 0 {
+		c.opts.rowCheckEvery = time.Hour
+	}
 	if c.NodeID == "" {
 		return c, configErrorf("NodeID is required")
 	}

@@ -60,13 +60,10 @@ func FenceQuery(c *Cluster) string {
 	return q
 }
 
-// SetRowCheckEvery sets how often a PostgreSQL candidate checks that its
-// membership row is its own, until the test ends. Only for tests that do
-// not run in parallel.
-func SetRowCheckEvery(t interface{ Cleanup(func()) }, d time.Duration) {
-	was := rowCheckEvery
-	rowCheckEvery = d
-	t.Cleanup(func() { rowCheckEvery = was })
+// RowCheckEvery sets how often a PostgreSQL candidate checks that its
+// membership row is its own (hourly by default).
+func RowCheckEvery(d time.Duration) func(*Config) {
+	return func(c *Config) { c.opts.rowCheckEvery = d }
 }
 
 // TxQuerier is the package's Querier over a database/sql transaction.

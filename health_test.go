@@ -514,9 +514,8 @@ func (p *slowSeen) Seen(ctx context.Context, scope, instance string) error {
 // timings a refresh that ran to a bound of one heartbeat before a renew
 // would start it when the leader's trust ran out. On PostgreSQL, whose
 // lease statements refresh the row, the leader checks the row every few
-// heartbeats here (hourly by default). Not parallel: it sets how often.
+// heartbeats here (hourly by default).
 func TestMembershipRefreshDoesNotDelayRenew(t *testing.T) {
-	cluster.SetRowCheckEvery(t, 500*time.Millisecond)
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		db := tg.Open(t)
 		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
@@ -524,7 +523,7 @@ func TestMembershipRefreshDoesNotDelayRenew(t *testing.T) {
 			t.Fatal(err)
 		}
 		seen := &slowSeen{DBProvider: p}
-		a := startOn(t, tg, db, "a", func(c *cluster.Config) {
+		a := startOn(t, tg, db, "a", cluster.RowCheckEvery(500*time.Millisecond), func(c *cluster.Config) {
 			c.Provider = seen
 			// The defaults' ratio: a heartbeat of LeaseTTL/3, FenceTimeout
 			// LeaseTTL minus a heartbeat.
@@ -546,14 +545,14 @@ func TestMembershipRefreshDoesNotDelayRenew(t *testing.T) {
 // joins again, the leader and a follower alike: on MySQL and SQLite at
 // its next refresh, on PostgreSQL, whose lease statements refresh the row
 // without being able to tell it is gone, at its next check of the row
-// (hourly; here every few heartbeats). Not parallel: it sets how often.
+// (hourly; here every few heartbeats).
 func TestCandidateMembershipRowTakenOverJoinsAgain(t *testing.T) {
-	cluster.SetRowCheckEvery(t, 5*testdb.Heartbeat)
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
-		a := start(t, tg, "a")
+		check := cluster.RowCheckEvery(5 * testdb.Heartbeat)
+		a := start(t, tg, "a", check)
 		waitFor(t, 50*testdb.Heartbeat, "a to lead", a.IsLeader)
-		start(t, tg, "b")
+		start(t, tg, "b", check)
 		admin := tg.Open(t)
 		listed := func(id string) bool { return liveMember(t, a.Cluster, id) }
 		for _, id := range []string{"b", "a"} {
@@ -626,10 +625,9 @@ func (p *lossyJoins) Join(ctx context.Context, scope string, m cluster.Member) e
 // Without, the row was back, no refresh found it missing, and the lanes'
 // keeper, which takes lanes again only after a join it counted, never
 // did (seen as TestMembershipRowTakenOverJoinsAgain timing out on MariaDB
-// in CI, when a join outlasted its heartbeat). Not parallel: it sets how
-// often a PostgreSQL candidate checks its row.
+// in CI, when a join outlasted its heartbeat). A PostgreSQL candidate
+// checks its row every few heartbeats here.
 func TestMembershipJoinedAgainAfterItsAnswerWasLost(t *testing.T) {
-	cluster.SetRowCheckEvery(t, 5*testdb.Heartbeat)
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 		ctx := context.Background()
 		p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
@@ -637,7 +635,7 @@ func TestMembershipJoinedAgainAfterItsAnswerWasLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		lossy := &lossyJoins{DBProvider: p}
-		g := start(t, tg, "g", func(c *cluster.Config) { c.Provider = lossy })
+		g := start(t, tg, "g", cluster.RowCheckEvery(5*testdb.Heartbeat), func(c *cluster.Config) { c.Provider = lossy })
 		waitFor(t, 50*testdb.Heartbeat, "g to lead", g.IsLeader)
 		if _, err := claimLane(ctx, g, "orders-1"); err != nil {
 			t.Fatal(err)

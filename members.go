@@ -13,14 +13,6 @@ import (
 // themselves.
 const membershipEvery = 3
 
-// rowCheckEvery is how often a candidate whose lease statements refresh
-// its membership row (PostgreSQL's) checks that the row is still its
-// own: those statements cannot tell it that the row was taken over
-// (crashedRetention) while the node went unseen, paused or cut off for a
-// week. One statement an hour; the first check after such a pause comes
-// at the pause's end, as the hour has passed. A variable for the tests.
-var rowCheckEvery = time.Hour
-
 // memberTimeout is how long a member may go unseen, by the database clock,
 // before it is no longer live: a lease TTL and a few refreshes.
 func (c *Cluster) memberTimeout() time.Duration {
@@ -153,8 +145,8 @@ func (c *Cluster) joinNow(ctx context.Context, timeout time.Duration) {
 
 // refreshMembership refreshes this node's membership every few heartbeats;
 // candidate is true for a node whose lease statements may refresh it
-// already: then it only checks, every rowCheckEvery, that the row is
-// still there. When a join is due (mustJoin) it starts one instead
+// already: then it only checks, every cfg.opts.rowCheckEvery, that the row is
+// still there (options.rowCheckEvery). When a join is due (mustJoin) it starts one instead
 // (joinLater), at each heartbeat step until one succeeds. The refresh,
 // and the join after a refresh that found the row taken over, run on a
 // goroutine of their own (memberLater), so that a refresh bounded by a
@@ -174,7 +166,7 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 	}
 	if candidate && c.members.SeenByLease() {
 		now := mono()
-		if time.Duration(now-c.rowChecked.Load()) < rowCheckEvery {
+		if time.Duration(now-c.rowChecked.Load()) < c.cfg.opts.rowCheckEvery {
 			return
 		}
 		c.rowChecked.Store(now)
