@@ -471,24 +471,12 @@ func (c *Cluster) OnTransition(f func(Event)) {
 // delivers the final lease-released event, and waits for every goroutine
 // of the Cluster to exit. After Shutdown, IsLeader is false for good.
 //
-// When the release woke a node of this process, or named a successor
-// while this node hears grants (PostgreSQL, listening), Shutdown waits to
-// hear another node take the lease, for at most 50 ms or one
-// [Config.HeartbeatInterval], whichever is shorter, or until ctx is done,
-// before it closes its listener and marks this node left: closing
-// connections, and what the application tears down once Shutdown
-// returns, would otherwise compete with the successor's grant for the
-// database. The wait runs out unheard when no other node will take the
-// lease (the member named holds off after Resign, with no other candidate
-// beside it) or when the one that does is of an earlier version, whose
-// grants do not notify.
-//
 // The release waits for a renew of the term in flight to return (a renew
 // answered after the release could extend the released lease), then runs
 // on a context the caller cannot cancel, bounded by
 // [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
-// ctx bounds only the waits for the successor, for transition handlers
-// and for a Shutdown already in progress. Shutdown is idempotent: a later call waits for the
+// ctx bounds the waits for leader work, for transition handlers and for
+// a Shutdown already in progress. Shutdown is idempotent: a later call waits for the
 // first to finish and returns its result.
 //
 // A transition handler may call Shutdown. Called from a handler, Shutdown

@@ -3,8 +3,12 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -53,4 +57,158 @@ func TestSchemaSQLAndSkipMigrations(t *testing.T) {
 			t.Fatalf("SchemaSQL of an unknown dialect = %v", err)
 		}
 	})
+}
+
+// longestSchemaSuffix reads the schema files for the longest identifier
+// they build from the table prefix, {{prefix}} followed by [a-z0-9_]+, and
+// returns what follows the prefix.
+func longestSchemaSuffix(t testing.TB) string {
+	t.Helper()
+	files, err := filepath.Glob("schema/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("schema files: %v, %v", files, err)
+	}
+	longest := ""
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`\{\{prefix\}\}([a-z0-9_]+)`).FindAllSubmatch(b, -1) {
+			if len(m[1]) > len(longest) {
+				longest = string(m[1])
+			}
+		}
+	}
+	return longest
+}
+
+// splitSQL splits a schema file as the package does: a statement ends at a
+// line that starts in column 0 and ends with ";".
+func splitSQL(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.SplitAfter(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") || (trimmed == "" && cur.Len() == 0) {
+			continue
+		}
+		cur.WriteString(line)
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	return out
+}
+
+// The migration runner takes a database at this build's schema version
+// (the baseline) to the next one: a synthetic version 2 whose schema file
+// is the baseline's plus one table. Migrating applies the file once,
+// under the schema lock, records the new version and leaves the lease
+// where it was; migrating again runs no DDL; and a build of the baseline
+// then refuses the newer database with ErrSchema, saying to upgrade.
+func TestSchemaUpgradeToNextVersion(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		a := startOn(t, tg, db, "a")
+		waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+		token := a.FencingToken()
+
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		baseline, err := cluster.SchemaSQL(tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := int64(cluster.SchemaVersion + 1)
+		extra := "CREATE TABLE " + tg.Prefix + "next_version (id INTEGER PRIMARY KEY)"
+		if err := cluster.MigrateTo(ctx, p, next, baseline+"\n"+extra+";\n"); err != nil {
+			t.Fatalf("migrate from %d to %d: %v", cluster.SchemaVersion, next, err)
+		}
+		var version int64
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != next {
+			t.Fatalf("schema version after the migration = %d (%v), want %d", version, err, next)
+		}
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"next_version (id) VALUES (1)"); err != nil {
+			t.Fatalf("the next version's table: %v", err)
+		}
+		if l, err := p.Leader(ctx, "leader"); err != nil || l == nil || l.NodeID != "a" || l.FencingToken != token {
+			t.Fatalf("after the migration the lease is %+v (%v); want a's term, token %d", l, err, token)
+		}
+		// Current: no DDL runs (the table dropped stays dropped).
+		if _, err := db.ExecContext(ctx, "DROP TABLE "+tg.Prefix+"next_version"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.MigrateTo(ctx, p, next, baseline+"\n"+extra+";\n"); err != nil {
+			t.Fatalf("migrate again at %d: %v", next, err)
+		}
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+tg.Prefix+"next_version (id) VALUES (1)"); err == nil {
+			t.Fatal("migrating a database already at the version ran its DDL again")
+		}
+		// The baseline's build refuses the newer tables.
+		old, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Init(ctx); !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "newer") {
+			t.Fatalf("Init of a version-%d build on version-%d tables = %v; want ErrSchema saying they are newer", cluster.SchemaVersion, next, err)
+		}
+	})
+}
+
+// On PostgreSQL the tables are found, and migrated, in the schema that
+// holds them, not in the first schema of the search_path: with tables in
+// schema x whose version row is gone and whose lease guard was dropped,
+// and a search_path "y, x", New applies the schema in x (x's guard refuses
+// a change of hands under one token again) and creates nothing in y. The
+// queries name x, so tables made in y would be a second, unused set, and
+// x's would stay unguarded.
+func TestSchemaUpgradeInTheTablesSchema(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := tg.Open(t)
+	x, y := tg.Prefix+"x", tg.Prefix+"y"
+	for _, s := range []string{x, y} {
+		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
+	}
+	tgX := tg
+	tgX.DSN = tg.DSN + "&search_path=" + x
+	first := start(t, tgX, "first")
+	waitFor(t, 5*time.Second, "the first node to lead", first.IsLeader)
+	if err := first.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"DELETE FROM " + x + "." + tg.Prefix + "schema_version",
+		"DROP TRIGGER " + tg.Prefix + "lease_guard ON " + x + "." + tg.Prefix + "lease",
+	} {
+		if _, err := admin.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tgYX := tg
+	tgYX.DSN = tg.DSN + "&search_path=" + y + "," + x
+	a := start(t, tgYX, "a")
+	waitFor(t, 5*time.Second, "a to lead", a.IsLeader)
+	if got := a.FencingToken(); got != 2 {
+		t.Fatalf("a's term after the migration has token %d, want 2 (the first node's was 1)", got)
+	}
+	var version, inY int
+	if err := admin.QueryRowContext(ctx, "SELECT MAX(version) FROM "+x+"."+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+		t.Fatalf("x's schema version after the migration = %d (%v), want %d", version, err, cluster.SchemaVersion)
+	}
+	if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = $1", y).Scan(&inY); err != nil || inY != 0 {
+		t.Fatalf("the migration made %d tables in %s (%v), want none", inY, y, err)
+	}
+	refusedWith(t, tg, admin, "SF009", cluster.ErrTokenLowered, "UPDATE "+x+"."+tg.Prefix+"lease SET holder = 'z', instance = 'zi'")
 }

@@ -1,0 +1,829 @@
+package cluster_test
+
+// The helpers the tests of this package share: starting nodes on each
+// dialect, fakes, timings, the SQL that tests run beside the library's,
+// log recording, and handlers that shut a node down.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
+)
+
+// node is a cluster member under test with its own connection pool and a
+// record of its transitions.
+type node struct {
+	*cluster.Cluster
+	db     *sql.DB
+	events *eventLog
+}
+
+// start starts a node with id on tg, shut down when the test ends.
+func start(t *testing.T, tg testdb.Target, id string, edit ...func(*cluster.Config)) *node {
+	t.Helper()
+	db := tg.Open(t)
+	return startOn(t, tg, db, id, edit...)
+}
+
+func startOn(t *testing.T, tg testdb.Target, db *sql.DB, id string, edit ...func(*cluster.Config)) *node {
+	t.Helper()
+	cfg := tg.Config(t, db, id)
+	log := &eventLog{}
+	cfg.OnTransition = log.add
+	for _, e := range edit {
+		e(&cfg)
+	}
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New(%s): %v", id, err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	return &node{Cluster: c, db: db, events: log}
+}
+
+// eventLog records transitions delivered to a handler.
+type eventLog struct {
+	mu     sync.Mutex
+	events []cluster.Event
+}
+
+func (l *eventLog) add(e cluster.Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) all() []cluster.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]cluster.Event(nil), l.events...)
+}
+
+// wait returns the first event of kind, waiting up to timeout for it.
+func (l *eventLog) wait(t *testing.T, kind cluster.EventKind, timeout time.Duration) cluster.Event {
+	t.Helper()
+	var found cluster.Event
+	waitFor(t, timeout, string(kind)+" event", func() bool {
+		for _, e := range l.all() {
+			if e.Kind == kind {
+				found = e
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(2 * time.Millisecond) // the polling interval
+	}
+	return time.Since(start)
+}
+
+// leaderOf waits until exactly one of nodes leads and returns it.
+func leaderOf(t *testing.T, timeout time.Duration, nodes ...*node) *node {
+	t.Helper()
+	var leader *node
+	waitFor(t, timeout, "one leader", func() bool {
+		leader = nil
+		for _, n := range nodes {
+			if n.IsLeader() {
+				if leader != nil {
+					return false
+				}
+				leader = n
+			}
+		}
+		return leader != nil
+	})
+	return leader
+}
+
+// watchSingleLeader samples the nodes until the test ends and fails it if
+// two of them believe they lead at the same instant. A node counts as
+// leading when two consecutive passes both see it lead; beliefs are
+// intervals, so the instant between the passes had both.
+func watchSingleLeader(t *testing.T, nodes ...*node) {
+	t.Helper()
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first := make([]bool, len(nodes))
+		for !stop.Load() {
+			for i, n := range nodes {
+				first[i] = n.IsLeader()
+			}
+			var leaders []string
+			for i, n := range nodes {
+				if first[i] && n.IsLeader() {
+					leaders = append(leaders, n.NodeID())
+				}
+			}
+			if len(leaders) > 1 {
+				t.Errorf("two leaders at once: %v", leaders)
+				return
+			}
+			time.Sleep(100 * time.Microsecond) // the sampling interval
+		}
+	}()
+	t.Cleanup(func() {
+		stop.Store(true)
+		<-done
+	})
+}
+
+// fakeProvider is a Provider whose behaviour each test sets.
+type fakeProvider struct {
+	AcquireFunc func(context.Context, provider.LeaseRequest) (provider.Lease, error)
+	RenewFunc   func(context.Context, provider.Lease, time.Duration) (provider.Lease, error)
+	ReleaseFunc func(context.Context, provider.Lease) error
+	LeaderFunc  func(context.Context, string) (*cluster.Leader, error)
+}
+
+var _ provider.Provider = (*fakeProvider)(nil)
+
+func (f *fakeProvider) Acquire(ctx context.Context, r provider.LeaseRequest) (provider.Lease, error) {
+	if f.AcquireFunc == nil {
+		return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, Endpoint: r.Endpoint, FencingToken: 1}, nil
+	}
+	return f.AcquireFunc(ctx, r)
+}
+
+func (f *fakeProvider) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
+	if f.RenewFunc == nil {
+		return l, nil
+	}
+	return f.RenewFunc(ctx, l, ttl)
+}
+
+func (f *fakeProvider) Release(ctx context.Context, l provider.Lease) error {
+	if f.ReleaseFunc == nil {
+		return nil
+	}
+	return f.ReleaseFunc(ctx, l)
+}
+
+func (f *fakeProvider) Leader(ctx context.Context, name string) (*cluster.Leader, error) {
+	if f.LeaderFunc == nil {
+		return nil, nil
+	}
+	return f.LeaderFunc(ctx, name)
+}
+
+// fakeConfig is a configuration over p with the test timings.
+func fakeConfig(t *testing.T, id string, p provider.Provider) cluster.Config {
+	return cluster.Config{
+		NodeID:            id,
+		Provider:          p,
+		LeaseTTL:          testdb.LeaseTTL,
+		HeartbeatInterval: testdb.Heartbeat,
+		FenceTimeout:      testdb.FenceTimeout,
+		Logger:            testdb.Logger(t),
+	}
+}
+
+// startFake starts a node over the fake provider p, shut down when the
+// test ends.
+func startFake(t *testing.T, p provider.Provider) *node {
+	t.Helper()
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", p)
+	cfg.OnTransition = log.add
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	return &node{Cluster: c, events: log}
+}
+
+// leaderProvider grants every acquisition with token 1 and reports the
+// last holder as leader.
+func leaderProvider() *fakeProvider {
+	var holder atomic.Value
+	holder.Store("")
+	return &fakeProvider{
+		AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
+			holder.Store(r.Holder)
+			return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: 1}, nil
+		},
+		LeaderFunc: func(context.Context, string) (*cluster.Leader, error) {
+			return &cluster.Leader{NodeID: holder.Load().(string), FencingToken: 1}, nil
+		},
+	}
+}
+
+// initFailer is a store that cannot be prepared, as an unreachable
+// database: Init fails with err, so New and cluster.Init do.
+type initFailer struct {
+	provider.Provider
+	err error
+}
+
+func (p initFailer) Init(context.Context) error { return p.err }
+
+// leaseBook is a one-lease store for a fake provider: it grants the lease
+// when free, renews and releases only the term that holds it.
+type leaseBook struct {
+	mu       sync.Mutex
+	holder   string // instance holding the lease, "" when free
+	token    uint64
+	failRen  bool // renews fail with a transient error
+	released chan uint64
+}
+
+func newLeaseBook() *leaseBook { return &leaseBook{released: make(chan uint64, 16)} }
+
+func (b *leaseBook) provider() *fakeProvider {
+	return &fakeProvider{
+		AcquireFunc: func(_ context.Context, r provider.LeaseRequest) (provider.Lease, error) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.holder != "" {
+				return provider.Lease{}, &cluster.LeaseHeldError{Holder: "other", Instance: b.holder, FencingToken: b.token, Remaining: time.Second}
+			}
+			b.token++
+			b.holder = r.Instance
+			return provider.Lease{Name: r.Name, Holder: r.Holder, Instance: r.Instance, FencingToken: b.token}, nil
+		},
+		RenewFunc: func(_ context.Context, l provider.Lease, _ time.Duration) (provider.Lease, error) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			switch {
+			case b.holder != l.Instance || b.token != l.FencingToken:
+				return l, cluster.ErrLeaseLost
+			case b.failRen:
+				return l, errors.New("store unavailable")
+			}
+			return l, nil
+		},
+		ReleaseFunc: func(_ context.Context, l provider.Lease) error {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.holder == l.Instance && (l.FencingToken == 0 || l.FencingToken == b.token) {
+				b.holder = ""
+				b.released <- b.token
+			}
+			return nil
+		},
+	}
+}
+
+// take hands the lease to another node behind its holder's back.
+func (b *leaseBook) take() {
+	b.mu.Lock()
+	b.token++
+	b.holder = "other-instance"
+	b.mu.Unlock()
+}
+
+func (b *leaseBook) failRenews() {
+	b.mu.Lock()
+	b.failRen = true
+	b.mu.Unlock()
+}
+
+func (b *leaseBook) held() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holder != "" && b.holder != "other-instance"
+}
+
+// startBook starts node "a" over book with the handler h, then the
+// handlers of edit.
+func startBook(t *testing.T, book *leaseBook, h *handlerShutdown, edit ...func(*cluster.Config)) *node {
+	t.Helper()
+	log := &eventLog{}
+	cfg := fakeConfig(t, "a", book.provider())
+	cfg.OnTransition = log.add
+	withHandler(h.handle)(&cfg)
+	for _, e := range edit {
+		e(&cfg)
+	}
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	h.give(c)
+	return &node{Cluster: c, events: log}
+}
+
+// slowRenew makes a node renew every 2s instead of every testdb.Heartbeat,
+// so that it goes on believing it leads for a while after its lease was
+// ended behind its back.
+func slowRenew(c *cluster.Config) {
+	c.LeaseTTL = 5 * time.Second
+	c.HeartbeatInterval = 2 * time.Second
+	c.FenceTimeout = 4 * time.Second
+}
+
+// longLease gives a node a 10s lease instead of testdb.LeaseTTL, so that a
+// quick takeover can only come from a release, not from the lease
+// expiring.
+func longLease(c *cluster.Config) {
+	c.LeaseTTL = 10 * time.Second
+	c.FenceTimeout = 5 * time.Second
+}
+
+// bind rewrites ? placeholders for PostgreSQL.
+func bind(d cluster.Dialect, q string) string {
+	if d != cluster.Postgres {
+		return q
+	}
+	out := make([]byte, 0, len(q)+8)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			out = append(out, '$')
+			out = strconv.AppendInt(out, int64(n), 10)
+			continue
+		}
+		out = append(out, q[i])
+	}
+	return string(out)
+}
+
+// leaseRow is the timing of the lease row.
+type leaseRow struct{ renewed, expires int64 }
+
+// readLease reads the timing of the lease row.
+func readLease(t *testing.T, tg testdb.Target, db *sql.DB) leaseRow {
+	t.Helper()
+	var r leaseRow
+	if err := db.QueryRow("SELECT renewed_at, expires_at FROM "+tg.Prefix+"lease").Scan(&r.renewed, &r.expires); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// afterRenew returns just after the lease row was renewed.
+func afterRenew(t *testing.T, tg testdb.Target, db *sql.DB) {
+	t.Helper()
+	before := readLease(t, tg, db)
+	waitFor(t, 5*time.Second, "a renew", func() bool { return readLease(t, tg, db).renewed != before.renewed })
+}
+
+// expireLease ends the current term in the database, as the passing of its
+// TTL would while its holder is paused.
+func expireLease(t *testing.T, tg testdb.Target, db *sql.DB) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), "UPDATE "+tg.Prefix+"lease SET expires_at = 0"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createAuditTable creates a hash-chained table <prefix>audit with the
+// default column names.
+func createAuditTable(t *testing.T, tg testdb.Target, db *sql.DB) string {
+	t.Helper()
+	name := tg.Prefix + "audit"
+	ddl := map[cluster.Dialect]string{
+		cluster.Postgres: "CREATE TABLE " + name + " (monotonic_counter BIGINT PRIMARY KEY, row_hash BYTEA NOT NULL, payload TEXT NOT NULL)",
+		cluster.MySQL:    "CREATE TABLE " + name + " (monotonic_counter BIGINT PRIMARY KEY, row_hash VARBINARY(64) NOT NULL, payload TEXT NOT NULL) ENGINE=InnoDB",
+		cluster.SQLite:   "CREATE TABLE " + name + " (monotonic_counter INTEGER PRIMARY KEY, row_hash BLOB NOT NULL, payload TEXT NOT NULL)",
+	}[tg.Dialect]
+	if _, err := db.ExecContext(context.Background(), ddl); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// hashOf is a stand-in row hash for counter n.
+func hashOf(n int, salt string) []byte {
+	return []byte{byte(n >> 8), byte(n), 0xfe, salt[0], 0x01, 0x02, 0x03, 0x04, 0x05}
+}
+
+// appendAudit appends rows from..to to the audit table through n, each in
+// a fenced transaction that advances the chain's tip.
+func appendAudit(t *testing.T, tg testdb.Target, n *node, table string, from, to int) {
+	t.Helper()
+	appendAuditSalted(t, tg, n, table, from, to, "a")
+}
+
+// appendAuditSalted is appendAudit with rows whose hashes differ from
+// another salt's at the same counters: another history.
+func appendAuditSalted(t *testing.T, tg testdb.Target, n *node, table string, from, to int, salt string) {
+	t.Helper()
+	for i := from; i <= to; i++ {
+		if err := auditRow(context.Background(), tg, n, table, i, salt); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// auditRow appends row i to the audit table through n in a fenced
+// transaction that advances the chain's tip.
+func auditRow(ctx context.Context, tg testdb.Target, n *node, table string, i int, salt string) error {
+	tx, err := n.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := n.Fence(ctx, tx); err != nil {
+		return fmt.Errorf("Fence: %w", err)
+	}
+	h := hashOf(i, salt)
+	if _, err := tx.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+table+" (monotonic_counter, row_hash, payload) VALUES (?, ?, ?)"), i, h, "event"); err != nil {
+		return err
+	}
+	if err := n.AdvanceTip(ctx, tx, "audit", uint64(i), h); err != nil {
+		return fmt.Errorf("AdvanceTip(%d): %w", i, err)
+	}
+	return tx.Commit()
+}
+
+// auditLeader creates the audit table and starts node "a" over it, which
+// appends rows 1..rows. It returns a's pool, the table and a.
+func auditLeader(t *testing.T, tg testdb.Target, rows int) (*sql.DB, string, *node) {
+	t.Helper()
+	db := tg.Open(t)
+	table := createAuditTable(t, tg, db)
+	a := startOn(t, tg, db, "a", withAudit(table))
+	appendAudit(t, tg, a, table, 1, rows)
+	return db, table, a
+}
+
+// withAudit configures the audit chain.
+func withAudit(table string) func(*cluster.Config) {
+	return func(c *cluster.Config) {
+		c.Chains = []cluster.Chain{{Name: "audit", Table: table}}
+	}
+}
+
+// restoreChain puts the audit chain back to counter k as a restore of the
+// whole database would: it removes the guard triggers, rewrites the rows
+// they protect, and clears the schema version so the next New recreates
+// the triggers.
+func restoreChain(t *testing.T, tg testdb.Target, db *sql.DB, table string, k int) {
+	t.Helper()
+	ctx := context.Background()
+	var list string
+	switch tg.Dialect {
+	case cluster.Postgres:
+		list = "SELECT t.tgname || ' ON ' || c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE NOT t.tgisinternal AND c.relname LIKE '" + tg.Prefix + "%'"
+	case cluster.MySQL:
+		list = "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE '" + tg.Prefix + "%'"
+	case cluster.SQLite:
+		list = "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE '" + tg.Prefix + "%'"
+	}
+	rows, err := db.QueryContext(ctx, list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var triggers []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		triggers = append(triggers, n)
+	}
+	rows.Close()
+	if len(triggers) == 0 {
+		t.Fatal("no triggers found to remove")
+	}
+	for _, n := range triggers {
+		if _, err := db.ExecContext(ctx, "DROP TRIGGER "+n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []struct {
+		q    string
+		args []any
+	}{
+		{"DELETE FROM " + table + " WHERE monotonic_counter > ?", []any{k}},
+		{"UPDATE " + tg.Prefix + "chain_tips SET at_counter = ?, row_hash = ? WHERE scope = 'audit'", []any{k, hashOf(k, "a")}},
+		{"UPDATE " + tg.Prefix + "high_water SET value = ? WHERE scope = 'chain/audit'", []any{k}},
+		{"DELETE FROM " + tg.Prefix + "schema_version", nil},
+	} {
+		if _, err := db.ExecContext(ctx, bind(tg.Dialect, st.q), st.args...); err != nil {
+			t.Fatalf("restore: %s: %v", st.q, err)
+		}
+	}
+}
+
+// deleteOnAcquire installs a trigger that deletes the row at counter from
+// the chain table whenever the lease row changes, so an acquisition finds
+// the chain rolled back although the check at boot passed.
+func deleteOnAcquire(t *testing.T, tg testdb.Target, db *sql.DB, table string, counter int) {
+	t.Helper()
+	ctx := context.Background()
+	name := tg.Prefix + "delete_on_acquire"
+	del := "DELETE FROM " + table + " WHERE monotonic_counter = " + strconv.Itoa(counter)
+	var stmts []string
+	switch tg.Dialect {
+	case cluster.SQLite:
+		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease BEGIN " + del + "; END"}
+	case cluster.MySQL:
+		stmts = []string{"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW " + del}
+	case cluster.Postgres:
+		stmts = []string{
+			"CREATE FUNCTION " + name + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " + del + "; RETURN NULL; END $$",
+			"CREATE TRIGGER " + name + " AFTER UPDATE ON " + tg.Prefix + "lease FOR EACH ROW EXECUTE FUNCTION " + name + "()",
+		}
+		t.Cleanup(func() { db.ExecContext(context.Background(), "DROP FUNCTION IF EXISTS "+name+"() CASCADE") })
+	}
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// createWriteLog creates <prefix>seq, a one-row counter, and <prefix>writes,
+// where fencedWrite appends (seq, token, node) rows.
+func createWriteLog(t *testing.T, tg testdb.Target, db *sql.DB) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE " + tg.Prefix + "seq (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
+		"INSERT INTO " + tg.Prefix + "seq (id, n) VALUES (1, 0)",
+		"CREATE TABLE " + tg.Prefix + "writes (seq BIGINT PRIMARY KEY, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL)",
+	} {
+		if _, err := db.ExecContext(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fencedWrite appends one row to the write log in a transaction fenced by
+// fence. The row's seq comes from the locked counter row, so seq order is
+// commit order; its token is the one fence verified.
+func fencedWrite(ctx context.Context, db *sql.DB, fence func(context.Context, cluster.Tx) (uint64, error), d cluster.Dialect, prefix, node string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	token, err := fence(ctx, tx)
+	if err != nil {
+		return err
+	}
+	lock := " FOR UPDATE"
+	if d == cluster.SQLite {
+		lock = "" // the write transaction is already exclusive
+	}
+	var s int64
+	if err := tx.QueryRowContext(ctx, "SELECT n FROM "+prefix+"seq WHERE id = 1"+lock).Scan(&s); err != nil {
+		return err
+	}
+	s++
+	if _, err := tx.ExecContext(ctx, bind(d, "UPDATE "+prefix+"seq SET n = ? WHERE id = 1"), s); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"writes (seq, token, node) VALUES (?, ?, ?)"), s, token, node); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// writeLog is a row of the write log.
+type writeLog struct {
+	seq, token int64
+	node       string
+}
+
+// readWriteLog returns the write log in commit order, failing the test if
+// a token ever decreases along it.
+func readWriteLog(t *testing.T, tg testdb.Target, db *sql.DB) []writeLog {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), "SELECT seq, token, node FROM "+tg.Prefix+"writes ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []writeLog
+	for rows.Next() {
+		var w writeLog
+		if err := rows.Scan(&w.seq, &w.token, &w.node); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(out); n > 0 && w.token < out[n-1].token {
+			t.Fatalf("commit %d by %s has token %d after commit %d with token %d", w.seq, w.node, w.token, out[n-1].seq, out[n-1].token)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// beginImmediate takes SQLite's write lock on db until the transaction
+// ends.
+func beginImmediate(t *testing.T, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil) // the test DSN uses _txlock=immediate
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// newerSchema makes the target's tables carry a schema version newer than
+// this build's, so New fails with ErrSchema, and returns the undo.
+func newerSchema(t *testing.T, tg testdb.Target, db *sql.DB) (undo func()) {
+	t.Helper()
+	ctx := context.Background()
+	table := tg.Prefix + "schema_version"
+	for _, q := range []string{
+		"CREATE TABLE " + table + " (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+		"INSERT INTO " + table + " (version, applied_at) VALUES (999, 0)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func() {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+table); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var guardCode = regexp.MustCompile(`SF\d{3}`)
+
+// refusedWith runs q and fails the test unless a guard refuses it with
+// SQLSTATE code, which must classify as the sentinel want.
+func refusedWith(t *testing.T, tg testdb.Target, q sqlRunner, code string, want error, query string, args ...any) {
+	t.Helper()
+	_, err := q.ExecContext(context.Background(), query, args...)
+	if err == nil {
+		t.Errorf("accepted, want refusal %s: %s", code, query)
+		return
+	}
+	if got := guardCode.FindString(err.Error()); got != code {
+		t.Errorf("refused with %v, want guard %s: %s", err, code, query)
+		return
+	}
+	if got := cluster.ClassifyDBError(tg.Dialect, err); !errors.Is(got, want) {
+		t.Errorf("guard %s classifies as %v, want %v", code, got, want)
+	}
+}
+
+type sqlRunner interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// logRecorder keeps the messages of the records logged through it.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *logRecorder) logger(next *slog.Logger) *slog.Logger {
+	return slog.New(recordingHandler{r: r, next: next.Handler()})
+}
+
+func (r *logRecorder) add(msg string) {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, msg)
+	r.mu.Unlock()
+}
+
+func (r *logRecorder) has(part string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.msgs {
+		if strings.Contains(m, part) {
+			return true
+		}
+	}
+	return false
+}
+
+type recordingHandler struct {
+	r    *logRecorder
+	next slog.Handler
+}
+
+func (h recordingHandler) Enabled(ctx context.Context, l slog.Level) bool { return true }
+
+func (h recordingHandler) Handle(ctx context.Context, rec slog.Record) error {
+	h.r.add(rec.Message)
+	return h.next.Handle(ctx, rec)
+}
+
+func (h recordingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return recordingHandler{r: h.r, next: h.next.WithAttrs(as)}
+}
+
+func (h recordingHandler) WithGroup(name string) slog.Handler {
+	return recordingHandler{r: h.r, next: h.next.WithGroup(name)}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// handlerShutdown is a transition handler that calls Shutdown on the first
+// event it matches. Hand it its Cluster with give once New returns: an
+// event emitted during New waits for it.
+type handlerShutdown struct {
+	match  func(cluster.Event) bool
+	call   func(context.Context) error // what the handler calls; default the Cluster's Shutdown
+	ready  chan *cluster.Cluster
+	result chan error
+	fired  atomic.Bool
+}
+
+func shutdownOn(match func(cluster.Event) bool) *handlerShutdown {
+	return &handlerShutdown{match: match, ready: make(chan *cluster.Cluster, 1), result: make(chan error, 1)}
+}
+
+func shutdownOnKind(kind cluster.EventKind) *handlerShutdown {
+	return shutdownOn(func(e cluster.Event) bool { return e.Kind == kind })
+}
+
+func (h *handlerShutdown) give(c *cluster.Cluster) { h.ready <- c }
+
+func (h *handlerShutdown) handle(e cluster.Event) {
+	if !h.match(e) || h.fired.Swap(true) {
+		return
+	}
+	call := h.call
+	if call == nil {
+		call = (<-h.ready).Shutdown
+	}
+	h.result <- call(context.Background())
+}
+
+// wait fails the test unless the handler's Shutdown returned within the
+// bound, and returns its result.
+func (h *handlerShutdown) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-h.result:
+		return err
+	case <-time.After(shutdownBound):
+		t.Fatalf("Shutdown called from a handler did not return within %v", shutdownBound)
+		return nil
+	}
+}
+
+// withHandler adds h after the handler the config already has.
+func withHandler(h func(cluster.Event)) func(*cluster.Config) {
+	return func(c *cluster.Config) {
+		prev := c.OnTransition
+		c.OnTransition = func(e cluster.Event) {
+			if prev != nil {
+				prev(e)
+			}
+			h(e)
+		}
+	}
+}
+
+// shutdownBound is how long a Shutdown may take in these tests: a release
+// is bounded by one heartbeat (testdb.Heartbeat).
+const shutdownBound = 3 * time.Second
+
+// shutdownWithin calls Shutdown from the test and fails unless it returns
+// within the bound. Called after a handler's Shutdown, it waits for the
+// handlers' goroutine to exit, so goleak finds nothing left.
+func shutdownWithin(t *testing.T, c *cluster.Cluster) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
+	defer cancel()
+	return c.Shutdown(ctx)
+}
+
+// shutdownWithinDefault is shutdownWithin for the default instance.
+func shutdownWithinDefault(t *testing.T) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)
+	defer cancel()
+	return cluster.Shutdown(ctx)
+}
