@@ -569,7 +569,7 @@ func (c *Cluster) refreshLanes(ctx context.Context, store provider.LaneStore) bo
 		sctx, cancel := context.WithTimeout(ctx, c.keeperTimeout())
 		err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
 		switch {
-		case errors.Is(err, errNotMember):
+		case errors.Is(err, provider.ErrNotMember):
 			// The next keeper heartbeat joins again, and then the lanes.
 			c.rowTakenOver(ctx, err)
 		case err != nil && ctx.Err() == nil:

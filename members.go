@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/sqlfence/cluster/provider"
 )
 
 // membershipEvery is how many heartbeats pass between two refreshes of a
@@ -178,7 +180,7 @@ func (c *Cluster) refreshMembership(ctx context.Context, candidate bool) {
 		defer cancel()
 		err := c.members.Seen(sctx, c.cfg.LeaseName, c.instance)
 		switch {
-		case errors.Is(err, errNotMember):
+		case errors.Is(err, provider.ErrNotMember):
 			c.rowTakenOver(ctx, err)
 			c.joinAgain(ctx, c.cfg.HeartbeatInterval)
 		case err != nil:

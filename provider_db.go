@@ -701,9 +701,6 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	return nil
 }
 
-// errNotMember is what Seen returns when the instance has no row.
-var errNotMember = errors.New("no membership row")
-
 // Seen implements [provider.MemberStore]. When instance has no row in scope (a
 // node joining took it over after it went unseen for crashedRetention) it
 // returns an error, and the node joins again.
@@ -730,7 +727,7 @@ func (p *DBProvider) Seen(ctx context.Context, scope, instance string) error {
 			return p.wrap("refresh membership", err)
 		}
 		return fmt.Errorf("cluster: refresh membership: instance %s has no row under lease name %q (a node that joined took it over after it went unseen for %v): %w",
-			instance, scope, crashedRetention, errNotMember)
+			instance, scope, crashedRetention, provider.ErrNotMember)
 	}
 	return nil
 }

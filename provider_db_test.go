@@ -967,3 +967,23 @@ func testWrapped(t *testing.T, tg testdb.Target, wrap func(*cluster.DBProvider) 
 		t.Fatalf("New over a restored database through the wrapper = %v, want ErrRollbackDetected", err)
 	}
 }
+
+// Seen on an instance without a membership row wraps provider.ErrNotMember,
+// the seam's sentinel, so that a node on any MemberStore joins again; a
+// member that joined is seen without error.
+func TestSeenWithoutRowIsErrNotMember(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		p := initProvider(t, tg, tg.Open(t))
+		if err := p.Seen(ctx, "leader", "never-joined"); !errors.Is(err, provider.ErrNotMember) {
+			t.Fatalf("Seen of an instance that never joined = %v, want provider.ErrNotMember", err)
+		}
+		if err := p.Join(ctx, "leader", cluster.Member{NodeID: "a", Instance: "a-1", Host: "h", PID: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Seen(ctx, "leader", "a-1"); err != nil {
+			t.Fatalf("Seen of a member = %v, want nil", err)
+		}
+	})
+}

@@ -15,8 +15,13 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 )
+
+// ErrNotMember is what [MemberStore.Seen] wraps when the member has no
+// row: the node then joins again.
+var ErrNotMember = errors.New("provider: no membership row")
 
 // A Provider stores the lease that elects the leader. The default provider
 // keeps it in one row of the configured database (see cluster.Config.DB); set
@@ -205,7 +210,10 @@ type MemberStore interface {
 	// Join records this node process as an active member of scope (the
 	// lease name), seen now.
 	Join(ctx context.Context, scope string, m Member) error
-	// Seen refreshes the member's last_seen.
+	// Seen refreshes the member's last_seen. When the instance has no
+	// row in scope (it was removed or taken over while the member went
+	// unseen), it returns an error wrapping [ErrNotMember], and the node
+	// joins again.
 	Seen(ctx context.Context, scope, instance string) error
 	// Leave marks the member as left.
 	Leave(ctx context.Context, scope, instance string) error
