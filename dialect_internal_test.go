@@ -64,3 +64,30 @@ func TestSplitStatementsKeepsTheLast(t *testing.T) {
 		t.Fatalf("splitStatements with a trailing comment = %q", got)
 	}
 }
+
+// sqlState is an error with a PostgreSQL SQLSTATE, as pgconn.PgError has.
+type sqlState string
+
+func (s sqlState) Error() string    { return "SQLSTATE " + string(s) }
+func (s sqlState) SQLState() string { return string(s) }
+
+// Each PostgreSQL error the hints name gets the hint of its own cause: a
+// statement that went missing and one that already exists are two
+// different faults of a transaction pooler, with two different fixes.
+func TestPostgresHints(t *testing.T) {
+	d := &postgres{}
+	for code, want := range map[string]string{
+		"26000": "went missing",
+		"42P05": "already exists",
+		"42501": "permission denied",
+		"25006": "read-only replica",
+	} {
+		_, hint, _ := d.classify(sqlState(code))
+		if !strings.Contains(hint, want) {
+			t.Errorf("hint for %s = %q, want it to say %q", code, hint, want)
+		}
+	}
+	if _, hint, _ := d.classify(sqlState("42P05")); strings.Contains(hint, "went missing") {
+		t.Errorf("hint for 42P05 (already exists) blames a missing statement: %q", hint)
+	}
+}

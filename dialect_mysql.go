@@ -67,7 +67,7 @@ func (d *mySQL) prepare(ctx context.Context, conn provider.Querier, p *DBProvide
 	if _, err := conn.Exec(ctx, d.q.TempProbe); err == nil {
 		conn.Exec(context.WithoutCancel(ctx), d.q.TempDrop)
 		p.log.WarnContext(ctx, "cluster: this MySQL role holds CREATE TEMPORARY TABLES: a session of it can hide the lease table behind a temporary one "+
-			"and write chain tips under a made-up fencing token; revoke the privilege from the application's role (see the README, What the database enforces)",
+			"and write chain tips under a made-up fencing token; revoke the privilege from the application's role (see docs/guarantees.md, What holds on each dialect)",
 			"server_version", version)
 	}
 	return nil

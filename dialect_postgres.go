@@ -174,11 +174,13 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 	case code == "42883":
 		return ErrSchema, "a function of the cluster schema is missing ; run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
 	case code == "42501":
-		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (README, What an operator must configure)", ""
+		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (docs/guarantees.md, What an operator must configure)", ""
 	case code == "42601":
 		return nil, "syntax error: is Dialect right for this database?", ""
-	case code == "26000" || code == "42P05":
-		return nil, "a prepared statement went missing: behind a transaction pooler (PgBouncer before 1.21) add default_query_exec_mode=exec to the DSN (README, PgBouncer)", ""
+	case code == "26000":
+		return nil, "a prepared statement went missing: behind a transaction pooler (PgBouncer before 1.21) add default_query_exec_mode=exec to the DSN (docs/operating.md, PgBouncer)", ""
+	case code == "42P05":
+		return nil, "a prepared statement of that name already exists on the server connection: behind a transaction pooler, sessions share server connections; add default_query_exec_mode=exec to the DSN, or run PgBouncer 1.21 or later with max_prepared_statements (docs/operating.md, PgBouncer)", ""
 	case code == "55P03":
 		return nil, "lock_timeout: a transaction held the cluster tables for too long", ""
 	case code == "57014":

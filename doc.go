@@ -121,7 +121,7 @@
 // sentinel ([ErrStaleFencingToken], [ErrTipBackwards], [ErrTipRewritten],
 // [ErrTipDeleted], [ErrLeaseDeleted], [ErrTokenLowered],
 // [ErrRollbackDetected], [ErrLaneDeleted]). Lane rows carry the same
-// guards: a lane's token never goes back and is never granted twice. The README's "What holds on each dialect" says
+// guards: a lane's token never goes back and is never granted twice. "What holds on each dialect" in docs/guarantees.md says
 // what MySQL cannot trap and what an operator must configure.
 //
 // [Cluster.Fence] checks the term inside the caller's transaction and holds

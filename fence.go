@@ -108,7 +108,7 @@ func querierOf(call string, tx Tx) (provider.Querier, error) {
 // short: Fence bounds, on the server, the wait for the lease row and how
 // long the transaction may then sit idle, both by [Config.LeaseTTL], so a
 // client that vanishes mid-transaction blocks a takeover for about one
-// LeaseTTL (see the README for each dialect). Outside a transaction (tx an
+// LeaseTTL (see docs/guarantees.md for each dialect). Outside a transaction (tx an
 // *sql.DB) Fence is only a check of the moment.
 //
 // A statement that ends the transaction early (DDL, LOCK TABLES, a
@@ -471,7 +471,7 @@ func (p sqlPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
 // opened by clusterpgx.OpenDB or OpenDBFromPool the BEGIN and the fence
 // go to PostgreSQL in one batch; on any other *sql.DB it is db.BeginTx
 // followed by Fence, one round trip more (on MySQL and MariaDB the fence
-// costs that round trip: see the README's "Fenced transactions").
+// costs that round trip: see docs/usage.md, "With MySQL or MariaDB").
 //
 // On error no transaction is left open: when this node does not lead, or
 // its token is stale (errors.Is(err, ErrStaleFencingToken)), nothing was

@@ -242,8 +242,8 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // that recently), the lane claimed included, and members counts the
 // members that take lanes (that called ClaimLane) seen within that
 // window, this node included. The keeper hands over the lanes above the
-// share, the most recently claimed first, at its next heartbeat; see the
-// README's "Partitioned work".
+// share, the most recently claimed first, at its next heartbeat; see
+// "Partitioned work" in docs/usage.md.
 //
 // Cost: one statement in tx to renew a lane this node holds (two on
 // MySQL, which reads the row back; MariaDB also sets the session's idle

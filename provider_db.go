@@ -876,7 +876,7 @@ var guardErrors = map[string]struct {
 	"SF005": {ErrTipRewritten, "the database refused to record another hash at a chain tip's counter"},
 	"SF006": {ErrTokenLowered, "the database refused to lower a fencing token or a high-water mark"},
 	"SF007": {ErrRollbackDetected, "the lease or lane row is below the highest fencing token the database ever granted it: it was truncated or restored on its own; " +
-		"an operator must restore the token (see the README) before it is granted again"},
+		"an operator must restore the token (see docs/guarantees.md) before it is granted again"},
 	"SF008": {ErrLaneDeleted, "the database refused to delete, truncate or rename a lane row"},
 	"SF009": {ErrTokenLowered, "the database refused to hand a lease or lane to another holder under the same fencing token: a new holder needs a new token"},
 }

@@ -109,7 +109,7 @@ logfile = %s
 
 // dsn is pgDSN pointed at the bouncer, with pgx's exec mode that works
 // behind a transaction pooler (no named prepared statements kept across
-// transactions; see the README's PgBouncer section).
+// transactions; see "PgBouncer" in docs/operating.md).
 func (b *pgBouncer) dsn(pgDSN string) (string, error) {
 	u, err := url.Parse(pgDSN)
 	if err != nil {

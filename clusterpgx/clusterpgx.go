@@ -23,7 +23,7 @@
 // The provider is a *cluster.DBProvider over the PostgreSQL dialect, with
 // every capability of the database/sql one (Fence, chain tips, the witness
 // file, vault keys); embed it to wrap it. Behind PgBouncer in transaction
-// mode, see the README of the module for the pgx settings it needs.
+// mode, see docs/operating.md ("PgBouncer") for the pgx settings it needs.
 package clusterpgx
 
 import (
