@@ -111,7 +111,7 @@ type Config struct {
 	NodeID string
 
 	// Role is RoleLeader (the default) to campaign for the lease, or
-	// RoleFollower to never lead.
+	// RoleFollower to never lead. It is matched in any case ("LEADER").
 	Role Role
 
 	// LeaseName names the lease row, so several independent elections can
@@ -164,8 +164,10 @@ type Config struct {
 	// set. The cluster tables are created in it by [New].
 	DB *sql.DB
 
-	// Dialect is the SQL dialect of DB. When empty it is detected from DB's
-	// driver (pgx, modernc.org/sqlite or go-sql-driver/mysql).
+	// Dialect is the SQL dialect of DB, matched in any case ("POSTGRES").
+	// When empty it is detected from DB's driver (pgx, lib/pq,
+	// modernc.org/sqlite, mattn/go-sqlite3, ncruces/go-sqlite3 or
+	// go-sql-driver/mysql).
 	Dialect Dialect
 
 	// TablePrefix prefixes the names of the cluster tables, and of their
@@ -294,6 +296,7 @@ func (c Config) resolve() (Config, error) {
 	if err := checkText("NodeID", c.NodeID, maxNodeIDLen); err != nil {
 		return c, err
 	}
+	c.Role = Role(strings.ToLower(string(c.Role))) // "LEADER" is RoleLeader
 	switch c.Role {
 	case "":
 		c.Role = RoleLeader
@@ -358,6 +361,7 @@ func (c Config) resolve() (Config, error) {
 		if c.DB == nil {
 			return c, configErrorf("DB is required when Provider is nil")
 		}
+		c.Dialect = Dialect(strings.ToLower(string(c.Dialect))) // "POSTGRES" is Postgres
 		detected, driver := detectDialect(c.DB)
 		if c.Dialect == "" {
 			if detected == "" {

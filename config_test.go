@@ -214,3 +214,35 @@ func TestMonoAfterSaturates(t *testing.T) {
 		}
 	}
 }
+
+// Role and Dialect are matched in any case, as the reference system does:
+// "LEADER" is RoleLeader and "SQLite" is SQLite, in Config, in SchemaSQL
+// and in NewSQLProvider; anything else is still refused.
+func TestRoleAndDialectAnyCase(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, cluster.SQLite).Open(t)
+	for _, tc := range []struct {
+		role    cluster.Role
+		dialect cluster.Dialect
+		want    cluster.Role
+	}{
+		{"LEADER", "SQLITE", cluster.RoleLeader},
+		{"Follower", "SQLite", cluster.RoleFollower},
+	} {
+		cfg, err := cluster.ResolveConfig(cluster.Config{NodeID: "n1", DB: db, Role: tc.role, Dialect: tc.dialect})
+		if err != nil || cfg.Role != tc.want || cfg.Dialect != cluster.SQLite {
+			t.Errorf("Role %q, Dialect %q: resolved to %q, %q (%v); want %q, %q", tc.role, tc.dialect, cfg.Role, cfg.Dialect, err, tc.want, cluster.SQLite)
+		}
+	}
+	if _, err := cluster.ResolveConfig(cluster.Config{NodeID: "n1", DB: db, Role: "boss"}); !errors.Is(err, cluster.ErrInvalidConfig) {
+		t.Errorf("Role \"boss\" = %v, want ErrInvalidConfig", err)
+	}
+	for _, d := range []cluster.Dialect{"POSTGRES", "MySQL", "SQLite"} {
+		if _, err := cluster.SchemaSQL(d, ""); err != nil {
+			t.Errorf("SchemaSQL(%q) = %v", d, err)
+		}
+		if _, err := cluster.NewSQLProvider(cluster.SQLPool(db), d, ""); err != nil {
+			t.Errorf("NewSQLProvider(%q) = %v", d, err)
+		}
+	}
+}

@@ -225,7 +225,7 @@ var dialects = map[Dialect]func(prefix string) dialect{
 
 // newDialect returns the dialect d for tables prefixed with prefix.
 func newDialect(d Dialect, prefix string) (dialect, error) {
-	mk, ok := dialects[d]
+	mk, ok := dialects[Dialect(strings.ToLower(string(d)))]
 	if !ok {
 		return nil, configErrorf("Dialect (%q) must be %q, %q or %q", d, Postgres, SQLite, MySQL)
 	}

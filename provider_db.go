@@ -213,6 +213,7 @@ func (p *DBProvider) CheckSchema(ctx context.Context) error {
 // SQLite). MySQL's trigger bodies contain semicolons: a client that splits
 // on ";" needs a DELIMITER.
 func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
+	d = Dialect(strings.ToLower(string(d)))
 	cfg, err := Config{NodeID: "-", Provider: &nopProvider{}, TablePrefix: tablePrefix}.resolve()
 	if err != nil {
 		return "", err

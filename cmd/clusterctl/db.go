@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sqlfence/cluster"
@@ -24,7 +25,7 @@ var clockQueries = map[cluster.Dialect]string{
 // checks -prefix. needDSN is false for schema, which connects to nothing.
 func (e *env) target(needDSN bool) error {
 	if e.opts.dialect != "" {
-		e.dialect = cluster.Dialect(e.opts.dialect)
+		e.dialect = cluster.Dialect(strings.ToLower(e.opts.dialect)) // any case, as Config.Dialect
 		if _, ok := drivers[e.dialect]; !ok {
 			return usagef("-dialect %q: must be postgres, mysql or sqlite", e.opts.dialect)
 		}

@@ -214,6 +214,10 @@ func TestSchema(t *testing.T) {
 		if got := ok(t, ctl(t, "schema", "-dialect", string(d), "-prefix", "ctl_")); got != want {
 			t.Errorf("schema -dialect %s differs from cluster.SchemaSQL", d)
 		}
+		upper := strings.ToUpper(string(d)) // any case, as Config.Dialect
+		if got := ok(t, ctl(t, "schema", "-dialect", upper, "-prefix", "ctl_")); got != want {
+			t.Errorf("schema -dialect %s differs from cluster.SchemaSQL(%s)", upper, d)
+		}
 	}
 	// The dialect comes from the DSN, here $CLUSTER_DSN.
 	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
