@@ -208,7 +208,9 @@ type Config struct {
 	// Logger receives the cluster's log records: transitions at Info, the
 	// first failure of a streak at Warn, retries at Debug. Default
 	// slog.Default(), so renew failures and lost leases reach the
-	// service's log with no set-up.
+	// service's log with no set-up. Whatever its handler, durations are
+	// written as text ("1.5s", not nanoseconds), an error on one line, and
+	// an attribute without a value (a nil error) not at all.
 	Logger *slog.Logger
 
 	// Observer, when set, is called after every provider call this node
@@ -389,6 +391,9 @@ func (c Config) resolve() (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if _, ok := c.Logger.Handler().(readableHandler); !ok {
+		c.Logger = slog.New(readableHandler{c.Logger.Handler()})
 	}
 	return c, nil
 }

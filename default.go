@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -504,14 +503,14 @@ func runSingle(ctx context.Context, changed <-chan struct{}, fn func(context.Con
 		return fn(fctx, 0)
 	}()
 	if err != nil && !errors.Is(err, context.Canceled) {
-		slog.Default().Error("cluster: leader work failed; in single-node mode it runs again only after Init", "err", err)
+		defaultLogger().Error("cluster: leader work failed; in single-node mode it runs again only after Init", "err", err)
 	}
 }
 
 // waitSingle waits, within ctx, for single-node work to stop.
 func waitSingle(ctx context.Context, what string) {
 	if n, err := std.single.wait(ctx); err != nil {
-		slog.Default().WarnContext(ctx, "cluster: single-node leader work ignored its context past the "+what+" deadline", "running", n, "err", err)
+		defaultLogger().WarnContext(ctx, "cluster: single-node leader work ignored its context past the "+what+" deadline", "running", n, "err", err)
 	}
 }
 

@@ -105,7 +105,7 @@ func NewDBProvider(db *sql.DB, dialect Dialect, tablePrefix string) (*DBProvider
 	if err != nil {
 		return nil, err
 	}
-	return newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, slog.Default()), nil
+	return newDBProvider(cfg.DB, cfg.Dialect, cfg.TablePrefix, defaultLogger()), nil
 }
 
 // NewSQLProvider returns the default [provider.Provider] over a pool of any driver
@@ -123,7 +123,7 @@ func NewSQLProvider(pool provider.Pool, dialect Dialect, tablePrefix string) (*D
 	if err != nil {
 		return nil, err
 	}
-	return &DBProvider{pool: pool, d: d, q: d.queries(), prefix: cfg.TablePrefix, log: slog.Default()}, nil
+	return &DBProvider{pool: pool, d: d, q: d.queries(), prefix: cfg.TablePrefix, log: defaultLogger()}, nil
 }
 
 func newDBProvider(db *sql.DB, d Dialect, prefix string, log *slog.Logger) *DBProvider {
