@@ -205,13 +205,16 @@ func (p *DBProvider) CheckSchema(ctx context.Context) error {
 }
 
 // SchemaSQL returns the complete DDL of the cluster tables for dialect d
-// and tablePrefix (empty means "cluster_"), for goose, atlas, flyway or a
-// DBA to apply, with [Config.SkipMigrations] set on the nodes. It is what
-// [New] runs: idempotent, and it records [SchemaVersion]. Statements end
-// at a line that starts in column 0 and ends with ";"; run the whole of it
-// in one transaction where the dialect has transactional DDL (PostgreSQL,
-// SQLite). MySQL's trigger bodies contain semicolons: a client that splits
-// on ";" needs a DELIMITER.
+// and tablePrefix (empty means "cluster_"), for a DBA or a migration tool
+// to apply, with [Config.SkipMigrations] set on the nodes. It is the DDL
+// [New] runs: idempotent, and it records [SchemaVersion]. It applies as
+// it is through the database's own client: psql (in one transaction with
+// --single-transaction), sqlite3 (3.42 or later), and mysql, for which it
+// sets the client's DELIMITER to // around the statements, because
+// MySQL's trigger bodies contain semicolons. A tool that runs one
+// statement at a time takes them as they end: at a line that starts in
+// column 0 and ends with ";" (on MySQL with "//", between the DELIMITER
+// lines).
 func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
 	d = Dialect(strings.ToLower(string(d)))
 	cfg, err := Config{NodeID: "-", Provider: &nopProvider{}, TablePrefix: tablePrefix}.resolve()
@@ -225,7 +228,31 @@ func SchemaSQL(d Dialect, tablePrefix string) (string, error) {
 	src := schemaFile(string(d)+".sql", cfg.TablePrefix)
 	version := strings.Replace(dl.queries().VersionWrite, "$1", strconv.Itoa(SchemaVersion), 1)
 	version = strings.Replace(strings.Replace(version, "?1", strconv.Itoa(SchemaVersion), 1), "?", strconv.Itoa(SchemaVersion), 1)
-	return src + "\n-- Records the schema version New checks.\n" + version + ";\n", nil
+	src += "\n-- Records the schema version New checks.\n" + version + ";\n"
+	if d == MySQL {
+		src = withDelimiter(src, "//")
+	}
+	return src, nil
+}
+
+// withDelimiter rewrites a schema file for the mysql client: each
+// statement ends with delim rather than ";" (the statement ends of
+// splitStatements), between a DELIMITER delim line and a DELIMITER ;
+// line, so that the semicolons inside trigger bodies stay in them.
+func withDelimiter(src, delim string) string {
+	var b strings.Builder
+	b.WriteString("-- Apply with the mysql client: mysql DATABASE < this file. DELIMITER is the\n")
+	b.WriteString("-- client's command; every statement below ends with " + delim + ".\n")
+	b.WriteString("DELIMITER " + delim + "\n")
+	for line := range strings.Lines(src) {
+		trimmed := strings.TrimSpace(line)
+		if !strings.HasPrefix(trimmed, "--") && !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
+			line = strings.TrimSuffix(strings.TrimRight(line, " \t\r\n"), ";") + delim + "\n"
+		}
+		b.WriteString(line)
+	}
+	b.WriteString("DELIMITER ;\n")
+	return b.String()
 }
 
 // SchemaVersion reads the schema version the cluster tables record: 0

@@ -88,14 +88,19 @@ func longestSchemaSuffix(t testing.TB) string {
 func splitSQL(src string) []string {
 	var out []string
 	var cur strings.Builder
+	delim := ";"
 	for _, line := range strings.SplitAfter(src, "\n") {
 		trimmed := strings.TrimSpace(line)
 		if strings.HasPrefix(trimmed, "--") || (trimmed == "" && cur.Len() == 0) {
 			continue
 		}
+		if d, ok := strings.CutPrefix(trimmed, "DELIMITER "); ok && cur.Len() == 0 {
+			delim = d // the mysql client's command, as it reads it
+			continue
+		}
 		cur.WriteString(line)
-		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, ";") {
-			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") && strings.HasSuffix(trimmed, delim) {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), delim))
 			cur.Reset()
 		}
 	}
