@@ -9,10 +9,13 @@ import (
 )
 
 // HealthHandler returns an http.Handler for liveness probes: 200 while
-// this node's heartbeat runs and the database answered it within
+// this node's heartbeat runs, the database answered it within
 // [Config.FenceTimeout] (for a [RoleFollower], while it can read the
-// lease), and 503 otherwise, with a short JSON reason and never the
-// database's own error text:
+// lease) and fewer than half of its last provider calls failed (see
+// [Stats.RecentFailures]; calls that fail and succeed by turns, as behind
+// a misconfigured pooler, keep the database "reached"), and 503
+// otherwise, with a short JSON reason and never the database's own error
+// text:
 //
 //	{"status":"ok","nodeId":"api-1","leader":true,"fencingToken":42,"lastContactMs":180}
 //	{"status":"unhealthy","nodeId":"api-1","reason":"database not reached for 9.8s"}
@@ -46,6 +49,10 @@ type healthBody struct {
 	Reason        string `json:"reason,omitempty"`
 }
 
+// minRecentCalls is how many provider calls the health check waits for
+// before it judges their failure rate.
+const minRecentCalls = 8
+
 // health judges this node's liveness.
 func (c *Cluster) health() healthBody {
 	s := c.Stats()
@@ -65,6 +72,10 @@ func (c *Cluster) health() healthBody {
 		b.Reason = "database not reached yet"
 	case s.LastContact > c.cfg.FenceTimeout:
 		b.Reason = fmt.Sprintf("database not reached for %v", s.LastContact.Round(100*time.Millisecond))
+	case s.RecentCalls >= minRecentCalls && 2*s.RecentFailures >= s.RecentCalls:
+		// Calls that fail now and then succeed (a misconfigured pooler)
+		// keep LastContact fresh; half of them failing is not healthy.
+		b.Reason = fmt.Sprintf("database calls failing: %d of the last %d", s.RecentFailures, s.RecentCalls)
 	default:
 		b.Status = "ok"
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
+	"github.com/sqlfence/cluster/provider"
 )
 
 // probe serves one request to h and returns the status and JSON body.
@@ -655,5 +656,60 @@ func TestMembershipJoinedAgainAfterItsAnswerWasLost(t *testing.T) {
 		if lossy.lose.Load() > 0 {
 			t.Fatal("no join's answer was lost")
 		}
+	})
+}
+
+// flakyRenews fails every other Renew with an error that is no answer
+// (not a lost lease), as a transaction pooler without the pgx settings it
+// needs does, while on is set.
+type flakyRenews struct {
+	*cluster.DBProvider
+	on    atomic.Bool
+	calls atomic.Int64
+}
+
+func (p *flakyRenews) Renew(ctx context.Context, l provider.Lease, ttl time.Duration) (provider.Lease, error) {
+	if p.on.Load() && p.calls.Add(1)%2 == 0 {
+		return provider.Lease{}, errors.New("flaky: prepared statement \"stmtcache_1\" already exists")
+	}
+	return p.DBProvider.Renew(ctx, l, ttl)
+}
+
+// Renews that fail and succeed by turns keep the database "reached", and
+// the leader keeps its term; health turns 503 once half of the last calls
+// failed, naming the rate (not the database's words), and 200 again once
+// they succeed.
+func TestHealthUnhealthyWhileCallsKeepFailing(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		p, err := cluster.NewDBProvider(tg.Open(t), tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flaky := &flakyRenews{DBProvider: p}
+		a := start(t, tg, "a", func(c *cluster.Config) { c.Provider = flaky })
+		waitFor(t, 50*testdb.Heartbeat, "a to lead", a.IsLeader)
+		h := a.HealthHandler()
+		if code, body, _ := probe(t, h, http.MethodGet); code != http.StatusOK {
+			t.Fatalf("health before the failures = %d %v", code, body)
+		}
+		flaky.on.Store(true)
+		waitFor(t, 100*testdb.Heartbeat, "health to turn 503", func() bool {
+			code, _, _ := probe(t, h, http.MethodGet)
+			return code == http.StatusServiceUnavailable
+		})
+		code, body, _ := probe(t, h, http.MethodGet)
+		reason, _ := body["reason"].(string)
+		if code != http.StatusServiceUnavailable || !strings.HasPrefix(reason, "database calls failing: ") || strings.Contains(reason, "stmtcache") {
+			t.Fatalf("health while renews fail by turns = %d %v; want 503 naming the failure rate only", code, body)
+		}
+		if st := a.Stats(); 2*st.RecentFailures < st.RecentCalls || st.LastContact > time.Second {
+			t.Fatalf("stats while renews fail by turns: %d of %d failed, last contact %v", st.RecentFailures, st.RecentCalls, st.LastContact)
+		}
+		flaky.on.Store(false)
+		waitFor(t, 100*testdb.Heartbeat, "health to recover", func() bool {
+			code, _, _ := probe(t, h, http.MethodGet)
+			return code == http.StatusOK
+		})
 	})
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"math/bits"
 	"sync/atomic"
 	"time"
 )
@@ -78,6 +79,7 @@ func (c *Cluster) record(kind OpKind, start int64, err error) {
 	if kind == OpRenew && o == OutcomeOK {
 		c.stats.renewLatency.Store(int64(d))
 	}
+	c.stats.recent.add(o == OutcomeError)
 	if f := c.cfg.Observer; f != nil {
 		f(Operation{Kind: kind, Outcome: o, Duration: d, Err: err})
 	}
@@ -97,6 +99,13 @@ type Stats struct {
 	// LastContact is how long ago the database last answered a lease
 	// statement of this node (any answer but an error), or -1 if never.
 	LastContact time.Duration
+	// RecentCalls and RecentFailures count this node's last provider
+	// calls (at most 32: lease statements, fences, lane claims and
+	// renewals) and how many of them failed (OutcomeError: not a lease or
+	// lane held elsewhere, a stale token or a lane limit, which are
+	// answers). [Cluster.HealthHandler] is unhealthy while half of them
+	// fail.
+	RecentCalls, RecentFailures int
 	// HearingReleases reports that this node hears lease releases made by
 	// other processes at once (PostgreSQL LISTEN through clusterpgx's
 	// providers), so as a follower it polls only when the lease is due to
@@ -123,9 +132,42 @@ type stats struct {
 	renewLatency  atomic.Int64 // ns
 	renewFailures atomic.Int64
 	lastContact   atomic.Int64 // mono, 0 when never
+	recent        outcomes     // the last provider calls, failed or not
 
 	acquisitions, lossesTaken, selfFences, resigns, releases atomic.Uint64
 	laneAcquisitions, laneLosses, laneReleases               atomic.Uint64
+}
+
+// outcomes remembers whether each of the last recentCalls provider calls
+// failed (OutcomeError), in one word: bit i is the call i calls ago.
+// Losing a race to another caller only drops one call from the window.
+type outcomes struct {
+	bits  atomic.Uint64
+	calls atomic.Uint64 // calls recorded, capped at recentCalls
+}
+
+const recentCalls = 32
+
+func (o *outcomes) add(failed bool) {
+	var bit uint64
+	if failed {
+		bit = 1
+	}
+	for {
+		old := o.bits.Load()
+		if o.bits.CompareAndSwap(old, old<<1|bit) {
+			break
+		}
+	}
+	if o.calls.Load() < recentCalls {
+		o.calls.Add(1)
+	}
+}
+
+// failing returns how many of the last calls (at most recentCalls) failed.
+func (o *outcomes) failing() (failed, calls int) {
+	calls = int(min(o.calls.Load(), recentCalls))
+	return bits.OnesCount64(o.bits.Load() & (1<<calls - 1)), calls
 }
 
 // Stats returns a snapshot of this node's leadership and its counters. It
@@ -159,5 +201,6 @@ func (c *Cluster) Stats() Stats {
 	if at := c.stats.lastContact.Load(); at != 0 {
 		s.LastContact = time.Duration(mono() - at)
 	}
+	s.RecentFailures, s.RecentCalls = c.stats.recent.failing()
 	return s
 }
