@@ -81,13 +81,15 @@ type queries struct {
 	NodeSeen        string `sql:"node_seen"`        // scope, instance
 	NodeRow         string `sql:"node_row"`         // scope, instance
 	NodeLeave       string `sql:"node_leave"`       // scope, instance
+	NodeLive        string `sql:"node_live"`        // scope, node id, timeout ms
+	NodeForget      string `sql:"node_forget"`      // scope, node id, timeout ms
 	Members         string `sql:"members"`          // scope
 	TipsList        string `sql:"tips_list"`        // (none)
 	LeaseExpire     string `sql:"lease_expire"`     // name, token
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
 	// Lanes (lanes.go, provider_lanes.go) and the config version.
-	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, scope, lane
+	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, instance, scope, node id, window ms, scope, lane
 	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
 	LaneRead       string `sql:"lane_read"`        // scope, lane
 	LaneCreate     string `sql:"lane_create"`      // scope, lane

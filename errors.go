@@ -156,6 +156,15 @@ var (
 	// Another node is expected to take the lane.
 	ErrLaneLimit = errors.New("cluster: lane limit reached")
 
+	// ErrMemberLive is what [DBProvider.Forget] returns for a node that
+	// is live: it has an active process seen within the timeout.
+	ErrMemberLive = errors.New("cluster: the member is live")
+
+	// ErrDuplicateNodeID reports a lane claim refused because another live
+	// process with the same [Config.NodeID] started first: a duplicate is
+	// refused lanes, as it is refused the lease, until that process stops.
+	ErrDuplicateNodeID = errors.New("cluster: another live process has this NodeID")
+
 	// ErrLaneDeleted reports an attempt to delete, truncate or rename a
 	// lane row, which would start its fencing tokens again at 1; the
 	// database refuses it.

@@ -42,15 +42,18 @@ type laneState struct {
 	pending  int                 // new claims in flight
 	stopped  bool                // Shutdown began: no claim, no keeper
 
-	used   atomic.Bool             // a lane was claimed: the keeper renews lanes
-	set    atomic.Pointer[laneSet] // what OwnsLane reads
-	claims workCount               // ClaimLane calls in flight, which Shutdown waits for
-	cancel context.CancelFunc      // stops the keeper; nil until it starts
-	kick   chan struct{}           // wakes the keeper at once
-	wg     sync.WaitGroup          // the keeper goroutine
-	joined bool                    // JoinLanes succeeded; keeper goroutine only
-	joins  uint64                  // Cluster.joins when it did; keeper goroutine only
-	fails  int                     // consecutive keeper failures; keeper goroutine only
+	used atomic.Bool // a lane was claimed: the keeper renews lanes
+	// duplicateLogged: a claim was refused to this process as a
+	// duplicate NodeID, and logged at Warn (once).
+	duplicateLogged atomic.Bool
+	set             atomic.Pointer[laneSet] // what OwnsLane reads
+	claims          workCount               // ClaimLane calls in flight, which Shutdown waits for
+	cancel          context.CancelFunc      // stops the keeper; nil until it starts
+	kick            chan struct{}           // wakes the keeper at once
+	wg              sync.WaitGroup          // the keeper goroutine
+	joined          bool                    // JoinLanes succeeded; keeper goroutine only
+	joins           uint64                  // Cluster.joins when it did; keeper goroutine only
+	fails           int                     // consecutive keeper failures; keeper goroutine only
 }
 
 // heldLane is one of this node's lanes.
@@ -273,9 +276,6 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, err
 		return 0, c.errDownFence
 	}
 	defer c.lanes.claims.done()
-	if !c.lanes.used.Swap(true) {
-		c.startKeeper() // renews from now on, and records that this node takes lanes
-	}
 	req := provider.LaneRequest{Scope: c.cfg.LeaseName, Key: key, Holder: c.cfg.NodeID, Instance: c.instance, TTL: c.cfg.LeaseTTL}
 
 	c.lanes.mu.Lock()
@@ -294,12 +294,28 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, err
 			c.record(OpClaimLane, opStart, err)
 			return 0, err
 		}
+		if census.Elders == 0 && !c.lanes.used.Swap(true) {
+			// Renews from now on, and records that this node takes lanes,
+			// so that it counts in the fair share even when this claim is
+			// refused; a duplicate NodeID (below) never counts.
+			c.startKeeper()
+		}
 		switch {
 		case l != nil && l.Remaining > 0 && l.Instance == c.instance:
 			// Ours already: claimed since the keeper's last refresh.
 		case l != nil && l.Remaining > 0:
 			err := &LaneHeldError{Lane: key, Holder: l.Holder, Instance: l.Instance, FencingToken: l.FencingToken,
 				ExpiresAt: l.ExpiresAt, Remaining: l.Remaining}
+			c.record(OpClaimLane, opStart, err)
+			return 0, err
+		case census.Elders > 0:
+			// Another process runs with this NodeID and started first: as
+			// for the lease, the duplicate waits rather than work beside it.
+			err := fmt.Errorf("%w: node %q: %d live process(es) with the same NodeID started before this one (instance %s); it claims no lane while they run: give each process its own NodeID",
+				ErrDuplicateNodeID, c.cfg.NodeID, census.Elders, c.instance)
+			if c.lanes.duplicateLogged.CompareAndSwap(false, true) {
+				c.log.WarnContext(ctx, "cluster: a duplicate NodeID is refused lanes while the process that has it first runs", "err", err)
+			}
 			c.record(OpClaimLane, opStart, err)
 			return 0, err
 		default:

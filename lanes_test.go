@@ -1371,3 +1371,36 @@ func addLaneHistory(b *testing.B, tg testdb.Target, db *sql.DB, instance string,
 		}
 	}
 }
+
+// A second live process with the same NodeID is refused lanes, as it is
+// refused the lease, while the process that has the NodeID first runs;
+// that one keeps claiming; once it shuts down the duplicate may claim.
+func TestDuplicateNodeIDRefusedLanes(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		first := start(t, tg, "a")
+		waitFor(t, 50*testdb.Heartbeat, "the first a to lead", first.IsLeader)
+		if _, err := claimLane(ctx, first, "k1"); err != nil {
+			t.Fatalf("the first a's claim: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // a later started_at, by the database clock
+		dup := start(t, tg, "a")
+		_, err := claimLane(ctx, dup, "k2")
+		if !errors.Is(err, cluster.ErrDuplicateNodeID) || errors.Is(err, cluster.ErrLaneHeld) {
+			t.Fatalf("the duplicate's claim = %v, want ErrDuplicateNodeID", err)
+		}
+		if dup.OwnsLane("k2") || len(dup.Lanes()) != 0 {
+			t.Fatalf("the refused duplicate believes it owns %v", dup.Lanes())
+		}
+		if _, err := claimLane(ctx, first, "k3"); err != nil {
+			t.Fatalf("the first a's claim beside its duplicate: %v", err)
+		}
+		if err := first.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := claimLane(ctx, dup, "k2"); err != nil {
+			t.Fatalf("the duplicate's claim once the first a left: %v", err)
+		}
+	})
+}

@@ -765,6 +765,38 @@ func (p *DBProvider) Leave(ctx context.Context, scope, instance string) error {
 	return p.exec(ctx, "leave the cluster", p.q.NodeLeave, scope, instance)
 }
 
+// Forget deletes the membership rows of node nodeID in scope (the lease
+// name) that are not live: left, or not seen within timeout by the
+// database clock, as [Cluster.Members] judges them. It returns how many it
+// deleted. It refuses, with an error wrapping [ErrMemberLive], a node with
+// a live row, and never deletes one, even one that comes to life while it
+// runs. A forgotten process that is in fact alive (paused for longer than
+// timeout) joins again at its next membership refresh. It backs
+// clusterctl's forget command.
+func (p *DBProvider) Forget(ctx context.Context, scope, nodeID string, timeout time.Duration) (int64, error) {
+	if timeout <= 0 {
+		return 0, configErrorf("Forget needs a positive timeout, not %v", timeout)
+	}
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	ms := timeout.Milliseconds()
+	var live int64
+	if err := conn.QueryRow(ctx, p.d.bound(p.q.NodeLive, statementLimit(ctx)), scope, nodeID, ms).Scan(&live); err != nil {
+		return 0, p.wrap(fmt.Sprintf("read the membership of node %q", nodeID), err)
+	}
+	if live > 0 {
+		return 0, fmt.Errorf("%w: node %q of lease %q has %d process(es) seen within %v: stop it first, or wait until it goes unseen", ErrMemberLive, nodeID, scope, live, timeout)
+	}
+	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeForget, statementLimit(ctx)), scope, nodeID, ms)
+	if err != nil {
+		return 0, p.wrap(fmt.Sprintf("forget node %q", nodeID), err)
+	}
+	return n, nil
+}
+
 // SeenByLease implements [provider.MemberStore]: on PostgreSQL the lease statements
 // refresh membership too.
 func (p *DBProvider) SeenByLease() bool { return p.d.seenByLease() }

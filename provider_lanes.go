@@ -58,14 +58,15 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx provider.Querier, req prov
 	var c provider.LaneCensus
 	var holder, instance sql.NullString
 	var token, acquired, renewed, expires sql.NullInt64
-	var lanes, mine, members, now int64
+	var lanes, mine, members, elders, now int64
 	w := window.Milliseconds()
-	err := tx.QueryRow(ctx, p.q.LanePeek, req.Scope, w, req.Scope, req.Instance, req.Scope, req.Instance, w, req.Scope, req.Key).
-		Scan(&holder, &instance, &token, &acquired, &renewed, &expires, &lanes, &mine, &members, &now)
+	err := tx.QueryRow(ctx, p.q.LanePeek, req.Scope, w, req.Scope, req.Instance, req.Scope, req.Instance, w,
+		req.Instance, req.Scope, req.Holder, w, req.Scope, req.Key).
+		Scan(&holder, &instance, &token, &acquired, &renewed, &expires, &lanes, &mine, &members, &elders, &now)
 	if err != nil {
 		return nil, c, p.wrap("read lane "+quote(req.Key), err)
 	}
-	c = provider.LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members)}
+	c = provider.LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members), Elders: int(elders)}
 	if !token.Valid {
 		return nil, c, nil
 	}

@@ -33,7 +33,7 @@ type Outcome string
 // The outcomes of an [Operation].
 const (
 	OutcomeOK    Outcome = "ok"    // done: granted, renewed, released, fenced
-	OutcomeHeld  Outcome = "held"  // acquire: another term holds the lease; claim-lane: another node holds the lane
+	OutcomeHeld  Outcome = "held"  // acquire: another term holds the lease; claim-lane: another node holds the lane, or this NodeID's elder runs
 	OutcomeLost  Outcome = "lost"  // renew: the term no longer holds the lease
 	OutcomeStale Outcome = "stale" // fence: the token is not the current term's
 	OutcomeLimit Outcome = "limit" // claim-lane: this node holds its share of the lanes (ErrLaneLimit)
@@ -59,7 +59,7 @@ func outcomeOf(kind OpKind, err error) Outcome {
 		return OutcomeLost
 	case kind == OpFence && errors.Is(err, ErrStaleFencingToken):
 		return OutcomeStale
-	case kind == OpClaimLane && errors.Is(err, ErrLaneHeld):
+	case kind == OpClaimLane && (errors.Is(err, ErrLaneHeld) || errors.Is(err, ErrDuplicateNodeID)):
 		return OutcomeHeld
 	case kind == OpClaimLane && errors.Is(err, ErrLaneLimit):
 		return OutcomeLimit

@@ -359,6 +359,12 @@ type LaneCensus struct {
 	Mine int
 	// Members counts the other live members that take lanes.
 	Members int
+	// Elders counts the live members with the requesting node's NodeID
+	// (another process given the same NodeID) that started before the
+	// requesting instance: a duplicate is refused new lanes while its
+	// elder lives, as it is refused the lease. A store that cannot tell
+	// leaves it 0.
+	Elders int
 }
 
 // LaneReport is what [LaneStore.RenewLanes] returns.

@@ -306,11 +306,12 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?;
 
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
--- scope, lane. Reads a lane without locking it, and what its fair share is
+-- instance, scope, node id, window ms, scope, lane. Reads a lane without locking it, and what its fair share is
 -- computed from: holder, instance, token, acquired, renewed, expires (NULL
 -- when the lane has no row), the lanes of scope held within the window,
 -- the instance's unexpired lanes, the other live members that take lanes,
--- now.
+-- the live members with the same node id that started before the instance
+-- (a duplicate NodeID), now.
 SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
        (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
             AND renewed_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
@@ -318,6 +319,10 @@ SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.exp
             AND expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000),
        (SELECT COUNT(*) FROM {{prefix}}nodes WHERE scope = ? AND instance <> ? AND status = 'active' AND takes_lanes = 1
             AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       (SELECT COUNT(*) FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = ?
+            WHERE o.scope = ? AND o.node_id = ? AND o.instance <> me.instance AND o.status = 'active'
+              AND o.last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
+              AND (o.started_at < me.started_at OR (o.started_at = me.started_at AND o.instance < me.instance))),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.lane = ?;
 
@@ -443,3 +448,16 @@ VALUES (?, LAST_INSERT_ID(1), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', 
 ON DUPLICATE KEY UPDATE
     config_version = LAST_INSERT_ID(config_version + 1),
     updated_at     = VALUES(updated_at);
+
+-- name: node_live
+-- args: scope, node id, timeout ms. Counts the live rows of a node id: active
+-- and seen within the timeout, by the database clock.
+SELECT count(*) FROM {{prefix}}nodes
+WHERE scope = ? AND node_id = ? AND status = 'active' AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?;
+
+-- name: node_forget
+-- args: scope, node id, timeout ms. Deletes the rows of a node id that are
+-- not live: left, or not seen within the timeout. A live row stays, however
+-- the call raced with it.
+DELETE FROM {{prefix}}nodes
+WHERE scope = ? AND node_id = ? AND (status <> 'active' OR last_seen <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?);

@@ -327,11 +327,12 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
 
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
--- scope, lane. Reads a lane without locking it, and what its fair share is
+-- instance, scope, node id, window ms, scope, lane. Reads a lane without locking it, and what its fair share is
 -- computed from: holder, instance, token, acquired, renewed, expires (NULL
 -- when the lane has no row), the lanes of scope held within the window,
 -- the instance's unexpired lanes, the other live members that take lanes,
--- now.
+-- the live members with the same node id that started before the instance
+-- (a duplicate NodeID), now.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
@@ -340,8 +341,12 @@ SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.exp
        (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $3 AND instance = $4 AND expires_at > c.now_ms),
        (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $5 AND instance <> $6 AND status = 'active'
             AND takes_lanes = 1 AND last_seen > c.now_ms - $7::bigint),
+       (SELECT count(*) FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = $8
+            WHERE o.scope = $9 AND o.node_id = $10 AND o.instance <> me.instance AND o.status = 'active'
+              AND o.last_seen > c.now_ms - $11::bigint
+              AND (o.started_at < me.started_at OR (o.started_at = me.started_at AND o.instance < me.instance))),
        c.now_ms
-FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $8 AND l.lane = $9;
+FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $12 AND l.lane = $13;
 
 -- name: lane_claim
 -- args: holder, instance, ttl ms, scope, lane, instance, timeout ms.
@@ -489,3 +494,16 @@ ON CONFLICT (scope) DO UPDATE SET
     config_version = k.config_version + 1,
     updated_at     = excluded.updated_at
 RETURNING config_version;
+
+-- name: node_live
+-- args: scope, node id, timeout ms. Counts the live rows of a node id: active
+-- and seen within the timeout, by the database clock.
+SELECT count(*) FROM {{prefix}}nodes
+WHERE scope = $1 AND node_id = $2 AND status = 'active' AND last_seen > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $3::bigint;
+
+-- name: node_forget
+-- args: scope, node id, timeout ms. Deletes the rows of a node id that are
+-- not live: left, or not seen within the timeout. A live row stays, however
+-- the call raced with it.
+DELETE FROM {{prefix}}nodes
+WHERE scope = $1 AND node_id = $2 AND (status <> 'active' OR last_seen <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $3::bigint);

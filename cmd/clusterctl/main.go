@@ -69,6 +69,8 @@ Commands:
   release      end the current term at once, by the database clock (or,
                with -lane, the current claim on a lane); needs -force,
                and asks for confirmation unless -yes
+  forget NODE  remove a dead node's membership rows; refused while it is
+               live; asks unless -yes
   retire       retire the lease: no holder, fencing token kept, members
                marked left; refused while a node holds it; asks unless -yes
   migrate      create or upgrade the cluster tables; print the schema version
@@ -90,13 +92,13 @@ Flags:
   -timeout DURATION   bound on the command's database work (default 10s);
                       not for schema
   -json               print one JSON document; not for schema
-  -node-timeout DUR   status, members: a member not seen for this long, by
+  -node-timeout DUR   status, members, forget: a member not seen for this long, by
                       the database clock, is not live (default 60s, the
                       library's for LeaseTTL 30s and heartbeat 10s)
   -lane KEY           release: end the claim on lane KEY, not the lease's
                       term
   -force              release: required
-  -yes                release, retire: do not ask for confirmation
+  -yes                release, retire, forget: do not ask for confirmation
 
 Exit status: 0 done; 1 failed (database unreachable or refusing, tables
 missing, lease held, not confirmed); 2 bad usage.
@@ -113,6 +115,7 @@ const (
 	forceFlag                            // -force
 	yesFlag                              // -yes
 	laneFlag                             // -lane
+	nodeArg                              // one argument: the node ID (forget)
 )
 
 // A command is one subcommand of clusterctl.
@@ -136,6 +139,8 @@ var commands = []*command{
 		timeoutFlag | leaseFlag | jsonFlag, runFingerprint},
 	{"release", "End the current term of the lease at once, by the database clock. Its\nfencing token is kept: the next term gets a higher one, and the database\nrefuses fenced writes under the old one from now on. The node that held it\nstops believing it leads when its trust window closes. With -lane KEY it\nends the current claim on that lane instead, whoever holds it, keeping its\ntoken: any node may claim it at once, under a higher token, and its holder\nlearns of it at its next claim or heartbeat; a transaction holding the lane\ndelays the release until it ends (PostgreSQL, MySQL). Needs -force; asks\nfor confirmation on stdin unless -yes.",
 		timeoutFlag | leaseFlag | jsonFlag | forceFlag | yesFlag | laneFlag, runRelease},
+	{"forget", "Remove the membership rows of a dead node (the argument, a NodeID): left,\nor not seen within -node-timeout by the database clock. Refused while the\nnode is live. A process forgotten while in fact alive (paused for longer)\njoins again at its next refresh. Asks for confirmation on stdin unless -yes.",
+		timeoutFlag | leaseFlag | jsonFlag | nodeTimeoutFlag | yesFlag | nodeArg, runForget},
 	{"retire", "Retire the lease: its row stays, with its fencing token (a name used again\ncontinues from it), but names no holder, and its members are marked left.\nRefused while a node holds it: stop its nodes first. Asks for confirmation\non stdin unless -yes.",
 		timeoutFlag | leaseFlag | jsonFlag | yesFlag, runRetire},
 	{"migrate", "Create the cluster tables, or upgrade them to this build's schema version,\nand print the schema version. Runs no DDL when they are current.",
@@ -158,6 +163,7 @@ type options struct {
 	dsn, dialect, prefix, lease, lane string
 	timeout, nodeTimeout              time.Duration
 	json, force, yes                  bool
+	node                              string // forget's argument
 }
 
 // flagSet returns c's flags, bound to o.
@@ -193,7 +199,11 @@ func (c *command) flagSet(o *options) *flag.FlagSet {
 }
 
 func (c *command) printUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "Usage: clusterctl %s [flags]\n\n%s\n\nFlags:\n", c.name, c.about)
+	arg := ""
+	if c.flags&nodeArg != 0 {
+		arg = " NODE"
+	}
+	fmt.Fprintf(w, "Usage: clusterctl %s [flags]%s\n\n%s\n\nFlags:\n", c.name, arg, c.about)
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
@@ -299,8 +309,20 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 // check validates the flags that need no database.
 func (e *env) check(fs *flag.FlagSet) error {
-	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0)), showUsage: true}
+	args := fs.Args()
+	if e.cmd.flags&nodeArg != 0 {
+		if len(args) == 0 || args[0] == "" {
+			return &usageError{msg: "which node? give its NodeID", showUsage: true}
+		}
+		e.opts.node = args[0]
+		// Flags may follow the node too: clusterctl forget api-2 -yes.
+		if err := fs.Parse(args[1:]); err != nil {
+			return &usageError{msg: err.Error(), showUsage: true}
+		}
+		args = fs.Args()
+	}
+	if len(args) > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", args[0]), showUsage: true}
 	}
 	if e.cmd.flags&leaseFlag != 0 && e.opts.lease == "" {
 		return usagef("-lease is empty")

@@ -641,3 +641,69 @@ func TestLanes(t *testing.T) {
 		}
 	})
 }
+
+// forget removes a dead node's membership rows, as a built binary run by
+// an operator: it refuses a live node (nothing removed), asks for
+// confirmation, takes flags before or after the node, and the library's
+// own Members agrees with what it left. DBProvider.Forget never removes a
+// live row.
+func TestForget(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := startNode(t, tg, "a")
+		b := startNode(t, tg, "b")
+		soleLeader(t, a, b)
+
+		failed(t, ctl(t, on(tg, "forget", "-yes", "b")...), exitFail, `node "b" is live`)
+		failed(t, ctl(t, on(tg, "forget")...), exitUsage, "which node")
+		failed(t, ctl(t, on(tg, "forget", "-yes", "nobody")...), exitFail, `node "nobody" has no membership row`)
+
+		if err := b.Shutdown(ctx); err != nil { // its row is marked left
+			t.Fatal(err)
+		}
+		r := invocation{stdin: "n\n"}.run(t, on(tg, "forget", "b")...)
+		if r.code != exitFail || !strings.Contains(r.stderr, "not confirmed") {
+			t.Fatalf("forget answered no: exit %d, %q", r.code, r.stderr)
+		}
+		args := append([]string{"forget", "b", "-yes"}, "-dsn", tg.DSN, "-prefix", tg.Prefix, "-json")
+		var got struct {
+			NodeID    string `json:"nodeId"`
+			Forgotten int    `json:"forgotten"`
+		}
+		if err := json.Unmarshal([]byte(ok(t, ctl(t, args...))), &got); err != nil || got.NodeID != "b" || got.Forgotten != 1 {
+			t.Fatalf("forget -json = %+v (%v), want b and one row forgotten", got, err)
+		}
+		ms, err := a.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.NodeID == "b" {
+				t.Fatalf("b is still a member after forget: %+v", m)
+			}
+		}
+
+		// A crashed process: its row still active, last seen long ago.
+		db := tg.Open(t)
+		q := "INSERT INTO " + tg.Prefix + "nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('leader', 'ghost-1', 'ghost', 'h', 1, '', 1, 1, 'active')"
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		out := ok(t, ctl(t, on(tg, "forget", "-yes", "ghost")...))
+		if !strings.Contains(out, `forgot node "ghost"`) {
+			t.Fatalf("forget of a crashed node = %q", out)
+		}
+
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := p.Forget(ctx, cluster.DefaultLeaseName, "a", time.Minute); !errors.Is(err, cluster.ErrMemberLive) || n != 0 {
+			t.Fatalf("Forget of the live leader = %d, %v; want 0 and ErrMemberLive", n, err)
+		}
+		if !a.IsLeader() {
+			t.Fatal("a stopped leading after an attempt to forget it")
+		}
+	})
+}

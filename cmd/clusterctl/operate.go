@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/sqlfence/cluster"
 )
@@ -287,5 +288,59 @@ func runSchema(_ context.Context, e *env) error {
 		return err
 	}
 	_, err = io.WriteString(e.stdout, ddl)
+	return err
+}
+
+// forgetJSON is what forget -json prints.
+type forgetJSON struct {
+	Lease     string `json:"lease"`
+	NodeID    string `json:"nodeId"`
+	Forgotten int64  `json:"forgotten"` // membership rows removed
+}
+
+func runForget(ctx context.Context, e *env) error {
+	name, node := e.opts.lease, e.opts.node
+	bctx, cancel := e.bounded(ctx)
+	defer cancel()
+	if err := e.connect(bctx, false); err != nil {
+		return err
+	}
+	ms, err := e.p.Members(bctx, name, e.opts.nodeTimeout)
+	if err != nil {
+		return err
+	}
+	rows := 0
+	for _, m := range ms {
+		if m.NodeID != node {
+			continue
+		}
+		if m.Live {
+			return fmt.Errorf("node %q is live (instance %s on %s, seen %v ago): stop it first, or wait until it goes unseen for -node-timeout (%v)",
+				node, m.Instance, m.Host, m.SeenAgo.Round(time.Millisecond), e.opts.nodeTimeout)
+		}
+		rows++
+	}
+	if rows == 0 {
+		return fmt.Errorf("node %q has no membership row in lease %q: nothing to forget (clusterctl members lists them)", node, name)
+	}
+	if !e.opts.yes {
+		ok, err := e.confirm(fmt.Sprintf("Forget node %q of lease %q (%d membership row(s), none live)?", node, name, rows))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("node %q not forgotten: not confirmed", node)
+		}
+		bctx, cancel = e.bounded(ctx)
+		defer cancel()
+	}
+	n, err := e.p.Forget(bctx, name, node, e.opts.nodeTimeout)
+	if err != nil {
+		return err
+	}
+	if e.opts.json {
+		return e.printJSON(forgetJSON{Lease: name, NodeID: node, Forgotten: n})
+	}
+	_, err = fmt.Fprintf(e.stdout, "forgot node %q of lease %q: %d membership row(s) removed\n", node, name, n)
 	return err
 }
