@@ -9,6 +9,12 @@
 // the default instance below). Several members can live in one process
 // through [New].
 //
+// The lease lives wherever [Config.Provider] says; by default a
+// [DBProvider] over [Config.DB]. The interfaces a provider implements, and
+// the values they exchange, are package github.com/sqlfence/cluster/provider
+// (as database/sql/driver is for database/sql); applications need it only
+// to write or wrap a provider.
+//
 // # How election works
 //
 // Each lease is a row of the table <prefix>lease (default cluster_lease)

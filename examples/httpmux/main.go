@@ -2,7 +2,10 @@
 // discovery handler on its existing http.ServeMux, accepts writes only
 // while it leads, and runs a scheduled report job on the leader alone
 // (cluster.RunWhileLeader). Run two of them against one database file and stop the
-// leader to watch the other take over:
+// leader (Ctrl-C) to watch the other take over within a heartbeat (half a
+// second by default: processes on SQLite cannot notify each other, so a
+// follower finds the lease released at its next poll; kill -9 the leader
+// and it takes over when the lease expires, after -ttl):
 //
 //	go run ./examples/httpmux -node node-1 -addr 127.0.0.1:8081 -db /tmp/orders.db &
 //	go run ./examples/httpmux -node node-2 -addr 127.0.0.1:8082 -db /tmp/orders.db &
@@ -36,6 +39,8 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	path := flag.String("db", filepath.Join(os.TempDir(), "httpmux-orders.db"), "SQLite database file shared by the nodes")
 	every := flag.Duration("report-every", 10*time.Second, "how often the leader writes an order report")
+	ttl := flag.Duration("ttl", 2*time.Second, "LeaseTTL: how long a crashed leader's lease outlives it")
+	heartbeat := flag.Duration("heartbeat", 500*time.Millisecond, "HeartbeatInterval: how often the leader renews and a follower polls")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -56,6 +61,8 @@ func main() {
 		DB:                    db,
 		Endpoint:              "http://" + *addr,
 		AllowInsecureEndpoint: true, // a local demo; use https in production
+		LeaseTTL:              *ttl,
+		HeartbeatInterval:     *heartbeat,
 		OnTransition: func(e cluster.Event) {
 			log.Printf("%s: %s (fencing token %d) %s", e.NodeID, e.Kind, e.FencingToken, e.Reason)
 		},
