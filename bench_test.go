@@ -213,7 +213,8 @@ func BenchmarkFence(b *testing.B) {
 // part of a handoff that is this package's own code (an in-memory
 // provider, so no database). Each iteration starts a leader (untimed)
 // and releases it; the metric "µs-to-release" is the mean from the call
-// to Release being called. See BENCHMARKS.md ("Systems taking turns").
+// to Release being called. BENCHMARKS.md of 2026-12-03
+// ("Systems taking turns", in git) quoted it.
 func BenchmarkReleaseCall(b *testing.B) {
 	for _, mode := range []string{"Shutdown", "Resign"} {
 		b.Run(mode, func(b *testing.B) {
