@@ -74,3 +74,10 @@ func TxQuerier(tx *sql.Tx) provider.Querier { return sqlQuerier{tx} }
 func MigrateTo(ctx context.Context, p *DBProvider, version int64, ddl string) error {
 	return p.migrate(ctx, version, ddl)
 }
+
+// SchemaDDL is the schema file New runs for dialect d, with tablePrefix:
+// SchemaSQL without the version record and, on MySQL, without the mysql
+// client's DELIMITER lines.
+func SchemaDDL(d Dialect, tablePrefix string) string {
+	return schemaFile(string(d)+".sql", tablePrefix)
+}

@@ -126,10 +126,7 @@ func TestSchemaUpgradeToNextVersion(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		baseline, err := cluster.SchemaSQL(tg.Dialect, tg.Prefix)
-		if err != nil {
-			t.Fatal(err)
-		}
+		baseline := cluster.SchemaDDL(tg.Dialect, tg.Prefix)
 		next := int64(cluster.SchemaVersion + 1)
 		extra := "CREATE TABLE " + tg.Prefix + "next_version (id INTEGER PRIMARY KEY)"
 		if err := cluster.MigrateTo(ctx, p, next, baseline+"\n"+extra+";\n"); err != nil {
