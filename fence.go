@@ -40,29 +40,31 @@ var (
 // rows. It is checked before call changes anything or asks whether this
 // node leads.
 func querierOf(call string, tx Tx) (provider.Querier, error) {
-	switch t := tx.(type) {
-	case nil:
-		return nil, errNilTx(call, nil)
-	case *sql.Tx:
-		if t == nil {
-			return nil, errNilTx(call, t)
-		}
-	case *sql.Conn:
-		if t == nil {
-			return nil, errNilTx(call, t)
-		}
-	case *sql.DB:
-		if t == nil {
-			return nil, errNilTx(call, t)
-		}
-	case provider.Querier:
-		return t, nil
+	if tx == nil || nilSQLHandle(tx) {
+		return nil, errNilTx(call, tx)
+	}
+	if q, ok := tx.(provider.Querier); ok {
+		return q, nil
 	}
 	h, ok := tx.(sqlHandle)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s cannot read rows through a %T: pass a *sql.Tx, or a transaction of another driver through its adapter (clusterpgx.Tx for pgx)", ErrInvalidConfig, call, tx)
 	}
 	return sqlQuerier{h}, nil
+}
+
+// nilSQLHandle reports whether h is a nil *sql.Tx, *sql.Conn or *sql.DB,
+// whose methods would dereference nil.
+func nilSQLHandle(h any) bool {
+	switch t := h.(type) {
+	case *sql.Tx:
+		return t == nil
+	case *sql.Conn:
+		return t == nil
+	case *sql.DB:
+		return t == nil
+	}
+	return false
 }
 
 // Fence verifies, inside the caller's transaction tx, that this node's
@@ -367,16 +369,7 @@ func nilQuerier(q provider.Querier) (bool, any) {
 	case nil:
 		return true, nil
 	case sqlQuerier:
-		switch h := t.h.(type) {
-		case nil:
-			return true, nil
-		case *sql.Tx:
-			return h == nil, h
-		case *sql.Conn:
-			return h == nil, h
-		case *sql.DB:
-			return h == nil, h
-		}
+		return t.h == nil || nilSQLHandle(t.h), t.h
 	}
 	return false, nil
 }
