@@ -30,7 +30,7 @@ type Cluster struct {
 	state    provider.StateStore
 	releaser provider.InstanceReleaser
 	instance string
-	events   *dispatcher
+	events   *notifier
 
 	// term is the lease this node believes it holds, nil when it holds none.
 	// Written only under mu; read lock-free by IsLeader.
@@ -254,8 +254,8 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 			return nil, fmt.Errorf("cluster: prepare lease store: %w", err)
 		}
 	}
-	c.events = newDispatcher(c.log)
-	c.events.subscribe(cfg.OnTransition)
+	c.events = &notifier{log: c.log}
+	c.events.add(cfg.Events)
 	if created != nil {
 		created(c)
 	}
@@ -271,7 +271,6 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 		c.stopWatching()
 		c.leave(ctx)
 		c.events.close()
-		c.events.wait(ctx) // deliver what was emitted, within the caller's patience
 		return nil, err
 	}
 	// Refuse to join before campaigning: wrong keys or a rolled-back
@@ -450,83 +449,63 @@ func (c *Cluster) CurrentLeader(ctx context.Context) (*Leader, error) {
 	return &cp, nil
 }
 
-// OnTransition registers f to be called on every transition of this node
-// after the call. Handlers run on one goroutine owned by the Cluster, one
-// event at a time, in the order of the transitions and, for one event, in
-// the order they were registered. A slow handler delays later events but
-// never the heartbeat; a handler that panics is logged and the next one
-// runs. A handler may call [Cluster.Shutdown], which then does not wait
-// for the handlers' goroutine. A nil f is ignored.
-func (c *Cluster) OnTransition(f func(Event)) {
+// Notify causes the Cluster to send its transitions to ch, from the call
+// on, in the order they happen, as [signal.Notify] sends signals. It does
+// not block sending to ch: an event that finds ch full is dropped for ch,
+// logged at Warn and counted in [Stats].EventsDropped, so the caller must
+// give ch enough buffer for the events it may not receive at once (a
+// buffer of 64 covers the bursts of a term's end and its lanes). The
+// Cluster never closes ch; the last event is sent before [Cluster.Shutdown]
+// returns, and none after, so the caller may then close it. The goroutine that receives from ch is the caller's, and may
+// call Shutdown. Notify with a nil ch, or one already registered, does
+// nothing. [Config.Events] registers a channel before New emits anything.
+func (c *Cluster) Notify(ch chan<- Event) {
 	if c.isDefault() {
-		stdOnTransition(f)
+		stdNotify(ch)
 		return
 	}
-	c.events.subscribe(f)
+	c.events.add(ch)
 }
 
 // Shutdown ends this node's term, waits for its leader work to return,
 // releases the lease if this node held it (first, before the rest of the
 // teardown, since the followers wait for it), stops the heartbeat,
-// delivers the final lease-released event, and waits for every goroutine
+// sends the final lease-released event, and waits for every goroutine
 // of the Cluster to exit. After Shutdown, IsLeader is false for good.
 //
 // The release waits for a renew of the term in flight to return (a renew
 // answered after the release could extend the released lease), then runs
 // on a context the caller cannot cancel, bounded by
 // [Config.HeartbeatInterval], so a cancelled ctx still frees the lease;
-// ctx bounds the waits for leader work, for transition handlers and for
-// a Shutdown already in progress. Shutdown is idempotent: a later call waits for the
-// first to finish and returns its result.
-//
-// A transition handler may call Shutdown. Called from a handler, Shutdown
-// does everything but wait for the handlers' goroutine, which it runs on:
-// the events still queued, including the final lease-released, are
-// delivered after the handler returns, and the goroutine then exits (a
-// later Shutdown from elsewhere waits for that). A handler that calls
-// Shutdown while another call is in progress (one that may be waiting for
-// that very handler) gets nil at once, or the first call's result if it
-// has finished.
+// ctx bounds the waits for leader work and for a Shutdown already in
+// progress. Shutdown is idempotent: a later call waits for the first to
+// finish and returns its result. It never waits for the receivers of
+// [Cluster.Notify], so the goroutine receiving events may call it.
 func (c *Cluster) Shutdown(ctx context.Context) error {
 	if c.isDefault() {
 		return Shutdown(ctx)
 	}
-	onHandler := c.events.current()
 	c.shutMu.Lock()
 	done := c.shutDone
 	if done == nil {
 		c.shutDone = make(chan struct{})
 		first := c.shutDone
 		c.shutMu.Unlock()
-		c.shutdownErr = c.stop(ctx, !onHandler)
+		c.shutdownErr = c.stop(ctx)
 		close(first)
 		return c.shutdownErr
 	}
 	c.shutMu.Unlock()
-	if onHandler {
-		select {
-		case <-done:
-			return c.shutdownErr
-		default:
-			return nil
-		}
-	}
 	select {
 	case <-done:
+		return c.shutdownErr
 	case <-ctx.Done():
 		return fmt.Errorf("cluster: waiting for Shutdown in progress: %w", ctx.Err())
 	}
-	// The first call may have run in a handler, which does not wait for
-	// the handlers' goroutine.
-	if err := c.events.wait(ctx); err != nil {
-		return errors.Join(c.shutdownErr, fmt.Errorf("cluster: waiting for transition handlers: %w", err))
-	}
-	return c.shutdownErr
 }
 
-// stop is the first Shutdown. waitHandlers is false when it runs on the
-// handlers' goroutine, which cannot wait for itself.
-func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
+// stop is the first Shutdown.
+func (c *Cluster) stop(ctx context.Context) error {
 	// End the term first, and keep its lease until the leader work under
 	// it has stopped: no other node may start that work before.
 	c.mu.Lock()
@@ -593,12 +572,6 @@ func (c *Cluster) stop(ctx context.Context, waitHandlers bool) error {
 		c.own.Close()
 	}
 	c.events.close()
-	if !waitHandlers {
-		return err
-	}
-	if werr := c.events.wait(ctx); werr != nil {
-		err = errors.Join(err, fmt.Errorf("cluster: waiting for transition handlers: %w", werr))
-	}
 	return err
 }
 

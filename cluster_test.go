@@ -446,51 +446,50 @@ func TestLeaseTakenEndsLeadership(t *testing.T) {
 	}
 }
 
-func TestTransitionHandlers(t *testing.T) {
+// Config.Events gets every event from the first; a channel given to
+// Notify later gets those emitted after; nil and repeated channels are
+// ignored; the last event is in the channels when Shutdown returns.
+func TestNotify(t *testing.T) {
 	t.Parallel()
-	p := &fakeProvider{}
-	var got []string
-	done := make(chan struct{})
-	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = func(e cluster.Event) {
-		got = append(got, "config:"+string(e.Kind))
-		panic("handler bug")
-	}
+	first, later := make(chan cluster.Event, 16), make(chan cluster.Event, 16)
+	cfg := fakeConfig(t, "a", &fakeProvider{})
+	cfg.Events = first
 	c, err := cluster.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.OnTransition(func(e cluster.Event) {
-		got = append(got, "second:"+string(e.Kind))
-		if e.Kind == cluster.EventLeaseReleased {
-			close(done)
-		}
-	})
-	c.OnTransition(nil)
+	c.Notify(later)
+	c.Notify(later)
+	c.Notify(first)
+	c.Notify(nil)
 	if err := c.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	<-done
-	// A handler registered after New sees the events emitted after it was
-	// registered, never the first acquisition, however fast the delivery.
-	want := []string{"config:lease-acquired", "config:leader-changed", "config:lease-released", "second:lease-released"}
-	if len(got) != len(want) {
-		t.Fatalf("handlers saw %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("handlers saw %v, want %v", got, want)
+	kinds := func(ch chan cluster.Event) []cluster.EventKind {
+		var got []cluster.EventKind
+		for len(ch) > 0 {
+			got = append(got, (<-ch).Kind)
 		}
+		return got
+	}
+	if got, want := kinds(first), []cluster.EventKind{cluster.EventLeaseAcquired, cluster.EventLeaderChanged, cluster.EventLeaseReleased}; !slices.Equal(got, want) {
+		t.Errorf("Config.Events got %v, want %v", got, want)
+	}
+	if got, want := kinds(later), []cluster.EventKind{cluster.EventLeaseReleased}; !slices.Equal(got, want) {
+		t.Errorf("a channel given to Notify after New got %v, want %v", got, want)
+	}
+	if d := c.Stats().EventsDropped; d != 0 {
+		t.Errorf("EventsDropped = %d with room in every channel", d)
 	}
 }
 
-// A slow handler never delays the heartbeat.
-func TestSlowHandlerDoesNotBlockRenew(t *testing.T) {
+// A channel nobody receives from never delays the heartbeat or Shutdown:
+// the events that find it full are dropped and counted.
+func TestFullChannelDoesNotBlock(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
 	p := &fakeProvider{}
 	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = func(cluster.Event) { <-release }
+	cfg.Events = make(chan cluster.Event) // unbuffered, never received from
 	c, err := cluster.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -499,11 +498,13 @@ func TestSlowHandlerDoesNotBlockRenew(t *testing.T) {
 	// renewals would not keep.
 	time.Sleep(3 * testdb.LeaseTTL / 2)
 	if !c.IsLeader() {
-		t.Fatal("a blocked handler stopped the renewals")
+		t.Fatal("a full channel stopped the renewals")
 	}
-	close(release)
-	if err := c.Shutdown(context.Background()); err != nil {
+	if err := shutdownWithin(t, c); err != nil {
 		t.Fatal(err)
+	}
+	if d := c.Stats().EventsDropped; d != 3 {
+		t.Fatalf("EventsDropped = %d, want 3 (acquired, leader-changed, released)", d)
 	}
 }
 
@@ -540,11 +541,11 @@ func TestLongestLeaseTTLStaysLeader(t *testing.T) {
 			return l, nil
 		},
 	}
-	log := &eventLog{}
+	log := newEventLog()
 	cfg := fakeConfig(t, "a", p)
 	cfg.LeaseTTL = cluster.MaxLeaseTTL
 	cfg.FenceTimeout = 0 // the default, LeaseTTL - HeartbeatInterval
-	cfg.OnTransition = log.add
+	cfg.Events = log.ch
 	c, err := cluster.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -596,9 +597,8 @@ func TestAcceptedLeaseNamesAreDistinct(t *testing.T) {
 	})
 }
 
-// A handler may call Shutdown, whatever the event: it returns promptly,
-// the lease is released, the remaining events are delivered, and no
-// goroutine is left.
+// The goroutine receiving events may call Shutdown, whatever the event:
+// it returns promptly, the lease is released, and no goroutine is left.
 func TestShutdownFromHandler(t *testing.T) {
 	t.Parallel()
 	reason := func(kind cluster.EventKind, reason cluster.Reason) func(cluster.Event) bool {
@@ -660,8 +660,8 @@ func TestShutdownFromHandler(t *testing.T) {
 		}
 	})
 
-	// The test's Shutdown waits for the handlers, one of which calls
-	// Shutdown: that call must not wait for the first.
+	// The receiver calls Shutdown during the test's: it waits for the
+	// first, which does not wait for the receiver.
 	t.Run("lease-released", func(t *testing.T) {
 		t.Parallel()
 		book := newLeaseBook()
@@ -684,7 +684,7 @@ func TestShutdownFromHandler(t *testing.T) {
 			ctx := context.Background()
 			db, table, a := auditLeader(t, tg, 3)
 			h := shutdownOnKind(cluster.EventRollbackDetected)
-			b := start(t, tg, "b", withAudit(table), withHandler(h.handle))
+			b := start(t, tg, "b", withAudit(table), withHandler(t, h.handle))
 			h.give(b.Cluster)
 			if _, err := db.ExecContext(ctx, "DELETE FROM "+table+" WHERE monotonic_counter = 3"); err != nil {
 				t.Fatal(err)
@@ -714,7 +714,7 @@ func TestShutdownFromHandler(t *testing.T) {
 			// The event is emitted during New, before the handler can have
 			// its Cluster; it waits for it.
 			h := shutdownOnKind(cluster.EventVaultKeyRotated)
-			b, err := vaultNode(t, tg, "b", 1, func(c *cluster.Config) { c.AcceptVaultKeyRotation = true }, withHandler(h.handle))
+			b, err := vaultNode(t, tg, "b", 1, func(c *cluster.Config) { c.AcceptVaultKeyRotation = true }, withHandler(t, h.handle))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -740,36 +740,39 @@ func TestShutdownFromHandler(t *testing.T) {
 	})
 }
 
-// A Shutdown called while another is under way waits for it, and for the
-// handlers' goroutine to exit when the first ran in a handler.
-func TestShutdownWaitsForShutdownInHandler(t *testing.T) {
+// Shutdown never waits for the receivers of events: with the receiver
+// stuck in its handling of lease-acquired, Shutdown returns, and the final
+// lease-released is in the channel for it. A Shutdown called while
+// another is under way waits for it.
+func TestShutdownDoesNotWaitForReceivers(t *testing.T) {
 	t.Parallel()
 	book := newLeaseBook()
 	entered := make(chan struct{})
 	proceed := make(chan struct{})
-	h := shutdownOnKind(cluster.EventLeaseAcquired)
-	// The lease-released event of the handler's Shutdown is held up here.
-	a := startBook(t, book, h, withHandler(func(e cluster.Event) {
-		if e.Kind == cluster.EventLeaseReleased {
+	a := startBook(t, book, shutdownOnKind("none"), withHandler(t, func(e cluster.Event) {
+		if e.Kind == cluster.EventLeaseAcquired {
 			close(entered)
 			<-proceed
 		}
 	}))
-	if err := h.wait(t); err != nil {
-		t.Fatalf("Shutdown from the handler = %v", err)
-	}
 	<-entered
-	second := make(chan error, 1)
-	go func() { second <- shutdownWithin(t, a.Cluster) }()
-	select {
-	case err := <-second:
-		t.Fatalf("second Shutdown returned (%v) while a handler still ran", err)
-	case <-time.After(50 * time.Millisecond):
+	results := make(chan error, 2)
+	for range 2 {
+		go func() { results <- shutdownWithin(t, a.Cluster) }()
+	}
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Fatalf("Shutdown = %v", err)
+		}
+	}
+	if book.held() {
+		t.Fatal("lease still held")
 	}
 	close(proceed)
-	if err := <-second; err != nil {
-		t.Fatalf("second Shutdown = %v", err)
-	}
+	waitFor(t, shutdownBound, "the receiver to get lease-released", func() bool {
+		evs := a.events.all()
+		return len(evs) > 0 && evs[len(evs)-1].Kind == cluster.EventLeaseReleased
+	})
 }
 
 // Shutdown lets a renew in flight finish before it releases, for up to

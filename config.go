@@ -201,9 +201,10 @@ type Config struct {
 	// StateStore); New refuses a Config that needs one the provider lacks.
 	Provider provider.Provider
 
-	// OnTransition, when set, is registered as the first transition handler;
-	// see [Cluster.OnTransition].
-	OnTransition func(Event)
+	// Events, when set, receives this node's transitions from the first,
+	// New's own included; see [Cluster.Notify], whose rules it follows
+	// (the Cluster never blocks sending to it).
+	Events chan<- Event
 
 	// Logger receives the cluster's log records: transitions at Info, the
 	// first failure of a streak at Warn, retries at Debug. Default

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -20,12 +21,12 @@ const SingleNodeID = "single-node-local"
 var std struct {
 	state atomic.Pointer[stdState]
 
-	// mu orders the transitions and guards handlers and init. It is never
-	// held while waiting for anything, so a transition handler may call
-	// any package-level function, Shutdown included, even during Init.
-	mu       sync.Mutex
-	handlers []func(Event) // registered by OnTransition for the next Init
-	init     *stdInit      // the Init call under way, if any
+	// mu orders the transitions and guards notify and init. It is never
+	// held while waiting for anything, so any goroutine may call any
+	// package-level function, Shutdown included, even during Init.
+	mu     sync.Mutex
+	notify []chan<- Event // registered by Notify for the next Init
+	init   *stdInit       // the Init call under way, if any
 	// changed is closed, and replaced, by every change of state: it wakes
 	// package-level RunWhileLeader calls and ends single-node work.
 	changed chan struct{}
@@ -93,7 +94,7 @@ func runningState(c *Cluster) *stdState { return &stdState{kind: stdRunning, c: 
 
 // startingState is the state while Init runs: until New has created the
 // member the calls fail closed; from then on they answer for it, so a
-// handler of its first lease-acquired sees it lead.
+// receiver of its first lease-acquired sees it lead.
 func startingState(nodeID string, c *Cluster) *stdState {
 	const why = "Init has not returned yet"
 	return &stdState{
@@ -173,11 +174,11 @@ func Init(ctx context.Context, cfg Config) error {
 	waitSingle(ctx, "Init")
 
 	c, err := newCluster(ctx, cfg, func(c *Cluster) {
-		// Called before New emits anything, so the handlers see every event.
+		// Called before New emits anything, so the channels get every event.
 		std.mu.Lock()
 		defer std.mu.Unlock()
-		for _, h := range std.handlers {
-			c.events.subscribe(h)
+		for _, ch := range std.notify {
+			c.events.add(ch)
 		}
 		in.c = c
 		if std.state.Load().kind == stdStarting {
@@ -189,8 +190,8 @@ func Init(ctx context.Context, cfg Config) error {
 	std.init = nil
 	switch {
 	case std.state.Load().kind == stdDown:
-		// Shutdown was called while Init ran, and waits for Init (unless it
-		// was called from a handler of c) to shut c down.
+		// Shutdown was called while Init ran, and waits for Init to shut
+		// c down.
 		if err != nil {
 			std.mu.Unlock()
 			return err
@@ -204,7 +205,7 @@ func Init(ctx context.Context, cfg Config) error {
 		std.mu.Unlock()
 		return err
 	}
-	std.handlers = nil
+	std.notify = nil
 	setState(runningState(c))
 	std.mu.Unlock()
 	return nil
@@ -304,13 +305,13 @@ func stdCurrentLeader(ctx context.Context) (*Leader, error) {
 	return nil, s.errLeader
 }
 
-// stdOnTransition registers f with the default instance; see
-// [Cluster.OnTransition]. Handlers registered before [Init], or after one
-// failed, are attached to the member Init creates before it emits any
+// stdNotify registers ch with the default instance; see
+// [Cluster.Notify]. Channels registered before [Init], or after one
+// failed, are given to the member Init creates before it emits any
 // event. In single-node mode no transition ever happens; after [Shutdown]
 // none will.
-func stdOnTransition(f func(Event)) {
-	if f == nil {
+func stdNotify(ch chan<- Event) {
+	if ch == nil {
 		return
 	}
 	std.mu.Lock()
@@ -318,12 +319,14 @@ func stdOnTransition(f func(Event)) {
 	s := std.state.Load()
 	switch {
 	case s != nil && s.kind == stdRunning:
-		s.c.OnTransition(f)
+		s.c.Notify(ch)
 	case s != nil && s.kind == stdDown:
 	default:
-		std.handlers = append(std.handlers, f)
+		if !slices.Contains(std.notify, ch) {
+			std.notify = append(std.notify, ch)
+		}
 		if std.init != nil && std.init.c != nil {
-			std.init.c.OnTransition(f)
+			std.init.c.Notify(ch)
 		}
 	}
 }
@@ -333,10 +336,9 @@ func stdOnTransition(f func(Event)) {
 // [IsLeader] is false, the errors say the process is shut down, and [Init]
 // returns [ErrAlreadyInitialized].
 //
-// Shutdown may be called from a transition handler, as
-// [Cluster.Shutdown] may. Called while Init runs, it waits for Init to
-// shut down the member it is creating (bounded by ctx), except from a
-// handler of that member, where it returns nil at once.
+// Called while Init runs, it waits for Init to shut down the member it is
+// creating (bounded by ctx); Init never waits for the receivers of
+// [Cluster.Notify], so they may call Shutdown at any time.
 func Shutdown(ctx context.Context) error {
 	std.mu.Lock()
 	s := std.state.Load()
@@ -355,10 +357,6 @@ func Shutdown(ctx context.Context) error {
 		setState(downState(s.nodeID, nil))
 	}
 	in := std.init
-	var creating *Cluster
-	if in != nil {
-		creating = in.c
-	}
 	std.mu.Unlock()
 
 	if c != nil {
@@ -368,11 +366,7 @@ func Shutdown(ctx context.Context) error {
 		waitSingle(ctx, "Shutdown")
 		return nil
 	}
-	// Init is under way and shuts down what it creates when New returns;
-	// New may be waiting for this very handler.
-	if creating != nil && creating.events.current() {
-		return nil
-	}
+	// Init is under way and shuts down what it creates when New returns.
 	select {
 	case <-in.done:
 		return in.shutdownErr
@@ -649,9 +643,9 @@ func memberOf(s *stdState) *Cluster {
 //   - while Init runs, after it failed, and after [Shutdown], they fail
 //     closed: IsLeader is false, the errors wrap [ErrNotLeader] or
 //     [ErrStaleFencingToken] (and Init's error, or [ErrShutdown]), and
-//     the handlers answer 503. Handlers registered with OnTransition
-//     before Init, or after one failed, are attached to the member Init
-//     creates before it emits any event.
+//     the handlers answer 503. Channels registered with Notify before
+//     Init, or after one failed, are given to the member Init creates
+//     before it emits any event.
 //
 // Default().Shutdown is [Shutdown], and Default().Clustered reports
 // whether Init was ever called.

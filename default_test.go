@@ -74,7 +74,8 @@ func TestSingleNodeMode(t *testing.T) {
 	if token, err := cluster.Default().Fence(context.Background(), untouchedTx{}); token != 0 || err != nil {
 		t.Fatalf("Fence in single-node mode = %d, %v; want 0, nil without touching a database", token, err)
 	}
-	cluster.Default().OnTransition(func(cluster.Event) { t.Error("a transition in single-node mode") })
+	singleEvents := make(chan cluster.Event, 1)
+	cluster.Default().Notify(singleEvents)
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Fatalf("single-node mode started %d goroutines", n-goroutines)
 	}
@@ -109,6 +110,9 @@ func TestSingleNodeMode(t *testing.T) {
 	if err := cluster.Shutdown(context.Background()); err != nil {
 		t.Fatalf("second Shutdown = %v", err)
 	}
+	if n := len(singleEvents); n != 0 {
+		t.Fatalf("%d events in single-node mode, want none", n)
+	}
 }
 
 // checkShutDown fails the test unless every package-level function reports
@@ -142,11 +146,11 @@ func checkShutDown(t *testing.T) {
 func TestInitDefaultInstance(t *testing.T) {
 	useDefault(t)
 	events := make(chan cluster.Event, 4)
-	cluster.Default().OnTransition(func(e cluster.Event) {
+	cluster.Default().Notify(receive(t, func(e cluster.Event) {
 		if e.Kind != cluster.EventLeaderChanged {
 			events <- e
 		}
-	})
+	}))
 
 	bad := cluster.Config{NodeID: ""}
 	if err := cluster.Init(context.Background(), bad); !errors.Is(err, cluster.ErrInvalidConfig) {
@@ -189,11 +193,11 @@ func TestFailedInitFailsClosed(t *testing.T) {
 		db := tg.Open(t)
 		undo := newerSchema(t, tg, db)
 		events := make(chan cluster.Event, 8)
-		cluster.Default().OnTransition(func(e cluster.Event) {
+		cluster.Default().Notify(receive(t, func(e cluster.Event) {
 			if e.Kind != cluster.EventLeaderChanged {
 				events <- e
 			}
-		})
+		}))
 
 		cfg := tg.Config(t, db, "n1")
 		initErr := cluster.Init(ctx, cfg)
@@ -313,7 +317,7 @@ func TestShutdownAfterFailedInit(t *testing.T) {
 	checkShutDown(t)
 }
 
-// The package-level Shutdown may be called from a transition handler,
+// The package-level Shutdown may be called by the receiver of events,
 // also while Init runs: it never waits for std's lock held across New.
 func TestDefaultShutdownFromHandler(t *testing.T) {
 	t.Run("lease-acquired of the term Init acquires", func(t *testing.T) {
@@ -321,7 +325,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 		book := newLeaseBook()
 		h := shutdownOnKind(cluster.EventLeaseAcquired)
 		h.call = cluster.Shutdown
-		cluster.Default().OnTransition(h.handle)
+		cluster.Default().Notify(receive(t, h.handle))
 		err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider()))
 		checkInitShutDown(t, err)
 		if err := h.wait(t); err != nil {
@@ -338,7 +342,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 		book := newLeaseBook()
 		h := shutdownOnKind(cluster.EventLeaseLost)
 		h.call = cluster.Shutdown
-		cluster.Default().OnTransition(h.handle)
+		cluster.Default().Notify(receive(t, h.handle))
 		if err := cluster.Init(context.Background(), fakeConfig(t, "n1", book.provider())); err != nil {
 			t.Fatal(err)
 		}
@@ -352,7 +356,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 		checkShutDown(t)
 	})
 
-	// Init fails: New waits for the handlers, one of which calls Shutdown.
+	// Init fails while the receiver calls Shutdown.
 	t.Run("rollback-detected during a failing Init", func(t *testing.T) {
 		testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
 			useDefault(t)
@@ -362,7 +366,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 			deleteOnAcquire(t, tg, db, table, 3)
 			h := shutdownOnKind(cluster.EventRollbackDetected)
 			h.call = cluster.Shutdown
-			cluster.Default().OnTransition(h.handle)
+			cluster.Default().Notify(receive(t, h.handle))
 			cfg := tg.Config(t, tg.Open(t), "b")
 			withAudit(table)(&cfg)
 			if err := cluster.Init(ctx, cfg); !errors.Is(err, cluster.ErrRollbackDetected) {
@@ -389,7 +393,7 @@ func TestDefaultShutdownFromHandler(t *testing.T) {
 			a.Shutdown(ctx)
 			h := shutdownOnKind(cluster.EventVaultKeyRotated)
 			h.call = cluster.Shutdown
-			cluster.Default().OnTransition(h.handle)
+			cluster.Default().Notify(receive(t, h.handle))
 			cfg := tg.Config(t, tg.Open(t), "b")
 			cfg.VaultKeyFingerprint = fpOf(t, 1)
 			cfg.AcceptVaultKeyRotation = true

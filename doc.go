@@ -90,18 +90,20 @@
 //
 // # Events
 //
-// Handlers registered with [Cluster.OnTransition] or [Config.OnTransition]
-// receive this node's transitions (lease-acquired, lease-lost,
-// lease-released, rollback-detected, vault-key-rotated,
-// config-version-changed, lane-acquired, lane-lost, lane-released) and
-// leader-changed, which every node emits, followers included, when it
-// learns of a new term or of the lease becoming free. Candidates learn it
-// from the attempts they make anyway; nodes with [RoleFollower] read the
-// lease about once per heartbeat. A handler in Config.OnTransition sees every
-// event from the first acquisition on, even one made before [New]
-// returns; a handler registered later sees the events emitted after it was
-// registered. [Event.Reason] is a [Reason] to switch on; free text is in
-// Event.Detail and errors in Event.Err.
+// A channel given to [Cluster.Notify] or [Config.Events] receives this
+// node's transitions (lease-acquired, lease-lost, lease-released,
+// rollback-detected, vault-key-rotated, config-version-changed,
+// lane-acquired, lane-lost, lane-released) and leader-changed, which every
+// node emits, followers included, when it learns of a new term or of the
+// lease becoming free. Candidates learn it from the attempts they make
+// anyway; nodes with [RoleFollower] read the lease about once per
+// heartbeat. Config.Events gets every event from the first acquisition on,
+// even one made before [New] returns; a channel registered later gets the
+// events emitted after. As with package os/signal, the Cluster never
+// blocks sending: give the channel a buffer (64 is plenty) and receive on
+// a goroutine of your own, which may call Shutdown. [Event.Reason] is a
+// [Reason] to switch on; free text is in Event.Detail and errors in
+// Event.Err.
 //
 // # Fencing
 //

@@ -1,11 +1,8 @@
 package cluster
 
 import (
-	"bytes"
-	"context"
 	"log/slog"
-	"runtime"
-	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,148 +122,57 @@ type Event struct {
 	Lane string
 }
 
-// dispatcher delivers events to handlers in order on its own goroutine, so
-// a slow handler never delays a renew. The queue is unbounded; events are
-// rare (a few per term).
-type dispatcher struct {
+// notifier sends events to the channels registered with
+// [Cluster.Notify] and [Config.Events], as package os/signal does: it
+// never blocks, and an event that finds a channel full is dropped for that
+// channel, counted and logged. The application's goroutines receive the
+// events, so the Cluster has none to wait for and no caller to tell apart:
+// a receiver may call [Cluster.Shutdown] like any other goroutine.
+type notifier struct {
 	log     *slog.Logger
-	gid     atomic.Uint64 // the goroutine's id, see current
-	calling atomic.Bool   // a handler runs on the goroutine now
+	dropped atomic.Uint64
 
-	mu       sync.Mutex
-	handlers []func(Event)
-	queue    []queued
-	closed   bool
-	wake     chan struct{}
-	done     chan struct{}
+	mu     sync.Mutex // orders the sends of events emitted concurrently
+	chans  []chan<- Event
+	closed bool
 }
 
-func newDispatcher(log *slog.Logger) *dispatcher {
-	d := &dispatcher{log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	go d.run()
-	return d
-}
-
-func (d *dispatcher) subscribe(f func(Event)) {
-	if f == nil {
+// add registers ch; a nil ch, or one already registered, is ignored.
+func (n *notifier) add(ch chan<- Event) {
+	if ch == nil {
 		return
 	}
-	d.mu.Lock()
-	d.handlers = append(d.handlers, f)
-	d.mu.Unlock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if slices.Contains(n.chans, ch) {
+		return
+	}
+	n.chans = append(n.chans, ch)
 }
 
-// queued is an event and the number of handlers registered when it was
-// emitted: a handler registered later does not receive it.
-type queued struct {
-	e        Event
-	handlers int
-}
-
-// emit queues e for the handlers registered now. It never blocks. Events
-// emitted after close are dropped.
-func (d *dispatcher) emit(e Event) {
-	d.mu.Lock()
-	if !d.closed {
-		d.queue = append(d.queue, queued{e, len(d.handlers)})
+// emit sends e to every registered channel without blocking. Events
+// emitted after close are not sent.
+func (n *notifier) emit(e Event) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
 	}
-	d.mu.Unlock()
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
-
-// close stops accepting events; the goroutine exits once the queue drains.
-func (d *dispatcher) close() {
-	d.mu.Lock()
-	d.closed = true
-	d.mu.Unlock()
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
-
-// wait blocks until the goroutine has delivered every queued event and
-// exited, or ctx is done.
-func (d *dispatcher) wait(ctx context.Context) error {
-	select {
-	case <-d.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// current reports whether it is called on the dispatcher's goroutine, that
-// is, from a handler. While no handler runs it cannot be (the goroutine
-// runs no other code of the caller's), and it answers at once; otherwise
-// it parses a stack header (about 0.1 ms, measured on Shutdown's path,
-// which the followers wait for), so it is for Shutdown's path only, never
-// a hot one.
-func (d *dispatcher) current() bool {
-	if !d.calling.Load() {
-		return false
-	}
-	id := goroutineID()
-	return id != 0 && id == d.gid.Load()
-}
-
-// goroutineID returns the id of the calling goroutine, read from the
-// "goroutine N [" header of its stack, or 0 if the header cannot be read.
-// Go offers no other way; the id is only ever compared for equality.
-func goroutineID() uint64 {
-	var buf [64]byte
-	b, ok := bytes.CutPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
-	if !ok {
-		return 0
-	}
-	if i := bytes.IndexByte(b, ' '); i >= 0 {
-		b = b[:i]
-	}
-	id, err := strconv.ParseUint(string(b), 10, 64)
-	if err != nil {
-		return 0
-	}
-	return id
-}
-
-func (d *dispatcher) run() {
-	// Recorded before any handler runs, so a handler that asks always
-	// finds it.
-	d.gid.Store(goroutineID())
-	defer close(d.done)
-	for {
-		d.mu.Lock()
-		if len(d.queue) == 0 {
-			closed := d.closed
-			d.mu.Unlock()
-			if closed {
-				return
-			}
-			<-d.wake
-			continue
-		}
-		q := d.queue[0]
-		d.queue[0] = queued{}
-		d.queue = d.queue[1:]
-		e := q.e
-		handlers := d.handlers[:q.handlers:q.handlers]
-		d.mu.Unlock()
-		for _, h := range handlers {
-			d.call(h, e)
+	for _, ch := range n.chans {
+		select {
+		case ch <- e:
+		default:
+			n.dropped.Add(1)
+			n.log.Warn("cluster: event dropped: the channel passed to Notify is full; give it a larger buffer or receive faster",
+				"node_id", e.NodeID, "event", string(e.Kind), "fencing_token", e.FencingToken, "lane", e.Lane,
+				"buffer", cap(ch))
 		}
 	}
 }
 
-func (d *dispatcher) call(h func(Event), e Event) {
-	d.calling.Store(true)
-	defer func() {
-		if r := recover(); r != nil {
-			d.log.Error("cluster: transition handler panicked", "node_id", e.NodeID, "event", string(e.Kind), "fencing_token", e.FencingToken, "panic", r)
-		}
-		d.calling.Store(false) // after the log, whose handler is the application's
-	}()
-	h(e)
+// close stops sending: Shutdown's last event has been sent.
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	n.mu.Unlock()
 }

@@ -115,16 +115,18 @@ func ExampleCluster_DiscoveryHandler() {
 	// 200 no-store
 }
 
-// Transition handlers run in order on a goroutine of the Cluster.
-func ExampleCluster_OnTransition() {
+// Transitions arrive in order on a channel, received by a goroutine of
+// the application's. The Cluster never blocks sending: give the channel a
+// buffer.
+func ExampleCluster_Notify() {
 	db, cleanup := openExampleDB()
 	defer cleanup()
 	ctx := context.Background()
+	events := make(chan cluster.Event, 64)
 	done := make(chan struct{})
-	c, err := cluster.New(ctx, cluster.Config{
-		NodeID: "api-1",
-		DB:     db,
-		OnTransition: func(e cluster.Event) {
+	go func() {
+		defer close(done)
+		for e := range events {
 			line := fmt.Sprintf("%s %s, token %d", e.NodeID, e.Kind, e.FencingToken)
 			if e.Reason != "" {
 				line += " (" + string(e.Reason) + ")"
@@ -134,10 +136,11 @@ func ExampleCluster_OnTransition() {
 			}
 			fmt.Println(line)
 			if e.Kind == cluster.EventLeaseReleased {
-				close(done)
+				return
 			}
-		},
-	})
+		}
+	}()
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "api-1", DB: db, Events: events})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -330,13 +333,8 @@ func ExampleCluster_Resign() {
 		log.Fatal(err)
 	}
 	defer a.Shutdown(ctx)
-	moved := make(chan struct{})
-	b, err := cluster.New(ctx, cluster.Config{NodeID: "api-2", DB: db, LeaseTTL: 3 * time.Second,
-		OnTransition: func(e cluster.Event) {
-			if e.Kind == cluster.EventLeaseAcquired {
-				close(moved)
-			}
-		}})
+	events := make(chan cluster.Event, 64)
+	b, err := cluster.New(ctx, cluster.Config{NodeID: "api-2", DB: db, LeaseTTL: 3 * time.Second, Events: events})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -345,7 +343,11 @@ func ExampleCluster_Resign() {
 	if err := a.Resign(ctx); err != nil {
 		log.Fatal(err)
 	}
-	<-moved
+	for e := range events {
+		if e.Kind == cluster.EventLeaseAcquired {
+			break
+		}
+	}
 	fmt.Println("api-1 leads:", a.IsLeader(), "api-2 leads:", b.IsLeader())
 	// Output:
 	// api-1 leads: true

@@ -42,8 +42,8 @@ func start(t *testing.T, tg testdb.Target, id string, edit ...func(*cluster.Conf
 func startOn(t *testing.T, tg testdb.Target, db *sql.DB, id string, edit ...func(*cluster.Config)) *node {
 	t.Helper()
 	cfg := tg.Config(t, db, id)
-	log := &eventLog{}
-	cfg.OnTransition = log.add
+	log := newEventLog()
+	cfg.Events = log.ch
 	for _, e := range edit {
 		e(&cfg)
 	}
@@ -55,22 +55,49 @@ func startOn(t *testing.T, tg testdb.Target, db *sql.DB, id string, edit ...func
 	return &node{Cluster: c, db: db, events: log}
 }
 
-// eventLog records transitions delivered to a handler.
+// eventLog records the transitions sent to its channel, which is large
+// enough that no test fills it.
 type eventLog struct {
+	ch     chan cluster.Event
 	mu     sync.Mutex
 	events []cluster.Event
 }
 
-func (l *eventLog) add(e cluster.Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
+func newEventLog() *eventLog { return &eventLog{ch: make(chan cluster.Event, 4096)} }
 
+// all returns the events sent so far.
 func (l *eventLog) all() []cluster.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]cluster.Event(nil), l.events...)
+	for {
+		select {
+		case e := <-l.ch:
+			l.events = append(l.events, e)
+		default:
+			return append([]cluster.Event(nil), l.events...)
+		}
+	}
+}
+
+// receive returns a channel for Config.Events or Notify whose events h
+// handles, one at a time in order, on a goroutine of the test's that stops
+// at the test's end (after the Shutdowns registered later).
+func receive(t *testing.T, h func(cluster.Event)) chan<- cluster.Event {
+	ch := make(chan cluster.Event, 4096)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case e := <-ch:
+				h(e)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return ch
 }
 
 // wait returns the first event of kind, waiting up to timeout for it.
@@ -209,9 +236,9 @@ func fakeConfig(t *testing.T, id string, p provider.Provider) cluster.Config {
 // test ends.
 func startFake(t *testing.T, p provider.Provider) *node {
 	t.Helper()
-	log := &eventLog{}
+	log := newEventLog()
 	cfg := fakeConfig(t, "a", p)
-	cfg.OnTransition = log.add
+	cfg.Events = log.ch
 	c, err := cluster.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -316,10 +343,10 @@ func (b *leaseBook) held() bool {
 // handlers of edit.
 func startBook(t *testing.T, book *leaseBook, h *handlerShutdown, edit ...func(*cluster.Config)) *node {
 	t.Helper()
-	log := &eventLog{}
+	log := newEventLog()
 	cfg := fakeConfig(t, "a", book.provider())
-	cfg.OnTransition = log.add
-	withHandler(h.handle)(&cfg)
+	cfg.Events = log.ch
+	withHandler(t, h.handle)(&cfg)
 	for _, e := range edit {
 		e(&cfg)
 	}
@@ -793,16 +820,18 @@ func (h *handlerShutdown) wait(t *testing.T) error {
 	}
 }
 
-// withHandler adds h after the handler the config already has.
-func withHandler(h func(cluster.Event)) func(*cluster.Config) {
+// withHandler has h handle the config's events on a goroutine of the
+// test's (see receive), after passing each on to the channel the config
+// already has.
+func withHandler(t *testing.T, h func(cluster.Event)) func(*cluster.Config) {
 	return func(c *cluster.Config) {
-		prev := c.OnTransition
-		c.OnTransition = func(e cluster.Event) {
+		prev := c.Events
+		c.Events = receive(t, func(e cluster.Event) {
 			if prev != nil {
-				prev(e)
+				prev <- e
 			}
 			h(e)
-		}
+		})
 	}
 }
 

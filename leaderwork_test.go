@@ -218,7 +218,7 @@ func TestLeaderChangedReachesFollowers(t *testing.T) {
 	})
 }
 
-// A handler set in Config.OnTransition sees the first acquisition, every
+// A channel set in Config.Events gets the first acquisition, every
 // time, even when it is made before New returns (100 runs per dialect).
 func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 	t.Parallel()
@@ -226,10 +226,10 @@ func TestConfigHandlerSeesFirstAcquisition(t *testing.T) {
 		db := tg.Open(t)
 		var last uint64
 		for i := range 100 {
-			log := &eventLog{}
+			log := newEventLog()
 			cfg := tg.Config(t, db, "a")
 			cfg.Logger = nil
-			cfg.OnTransition = log.add
+			cfg.Events = log.ch
 			c, err := cluster.New(context.Background(), cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -346,6 +346,25 @@ func childMain() int {
 	}
 	defer db.Close()
 	ctx := context.Background()
+	// Events are reported by a goroutine of the process's, which drains
+	// the channel when the process is done.
+	events, stopEvents, eventsDone := make(chan cluster.Event, 64), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(eventsDone)
+		for {
+			select {
+			case e := <-events:
+				say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
+			case <-stopEvents:
+				for len(events) > 0 {
+					e := <-events
+					say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
+				}
+				return
+			}
+		}
+	}()
+	defer func() { close(stopEvents); <-eventsDone }()
 	c, err := cluster.New(ctx, cluster.Config{
 		NodeID:            id,
 		DB:                db,
@@ -353,9 +372,7 @@ func childMain() int {
 		LeaseTTL:          testdb.LeaseTTL,
 		HeartbeatInterval: testdb.Heartbeat,
 		FenceTimeout:      testdb.FenceTimeout,
-		OnTransition: func(e cluster.Event) {
-			say("event %s %d %s", e.Kind, e.FencingToken, e.Reason)
-		},
+		Events:            events,
 	})
 	if err != nil {
 		return fail(err)

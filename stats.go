@@ -124,6 +124,10 @@ type Stats struct {
 	LaneAcquisitions uint64 // lane-acquired events: claims this node began
 	LaneLosses       uint64 // lane-lost events: lanes lost without releasing them
 	LaneReleases     uint64 // lane-released events: lanes released, handed over, or released by Shutdown
+
+	// EventsDropped counts the events not sent to a channel given to
+	// [Cluster.Notify] or [Config.Events] because it was full.
+	EventsDropped uint64
 }
 
 // stats are the counters behind Stats, updated as things happen.
@@ -191,6 +195,7 @@ func (c *Cluster) Stats() Stats {
 		LaneAcquisitions:         c.stats.laneAcquisitions.Load(),
 		LaneLosses:               c.stats.laneLosses.Load(),
 		LaneReleases:             c.stats.laneReleases.Load(),
+		EventsDropped:            c.events.dropped.Load(),
 	}
 	if t != nil {
 		s.Leader, s.FencingToken = true, t.lease.FencingToken

@@ -267,8 +267,8 @@ func vaultNode(t *testing.T, tg testdb.Target, id string, off byte, edit ...func
 	t.Helper()
 	cfg := tg.Config(t, tg.Open(t), id)
 	cfg.VaultKeys = []kem.PublicKey{vaultKey(t, mlkem768, off)}
-	log := &eventLog{}
-	cfg.OnTransition = log.add
+	log := newEventLog()
+	cfg.Events = log.ch
 	for _, e := range edit {
 		e(&cfg)
 	}

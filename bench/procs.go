@@ -98,12 +98,13 @@ func runMember(ctx context.Context, spec string) error {
 	cfg.LeaseName = m.Lease
 	cfg.LeaseTTL, cfg.HeartbeatInterval = m.TTL, m.Heartbeat
 	cfg.Logger = quietLogger(m.Verbose)
-	cfg.OnTransition = func(e cluster.Event) {
+	// The child exits after Shutdown, which ends the receiving goroutine.
+	cfg.Events = eventsTo(func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			say("acquired %d", e.At.UnixNano())
 			traceAt(e.At, m.ID, "acquired event x")
 		}
-	}
+	})
 	if tracing {
 		cfg.Observer = func(o cluster.Operation) { traceOp(m.ID, o) }
 	}

@@ -260,8 +260,29 @@ type sqlfenceSystem struct {
 }
 
 type sqlMember struct {
-	c  *cluster.Cluster
-	db memberDB
+	c      *cluster.Cluster
+	db     memberDB
+	events chan cluster.Event // Config.Events, closed after Shutdown
+}
+
+// shutdown shuts the member down and ends the goroutine receiving its
+// events (the Cluster sends nothing once Shutdown has returned).
+func (m *sqlMember) shutdown(ctx context.Context) error {
+	err := m.c.Shutdown(ctx)
+	close(m.events)
+	return err
+}
+
+// eventsTo returns a channel for Config.Events whose events f receives, in
+// order, on a goroutine that ends when the channel is closed.
+func eventsTo(f func(cluster.Event)) chan cluster.Event {
+	ch := make(chan cluster.Event, 256)
+	go func() {
+		for e := range ch {
+			f(e)
+		}
+	}()
+	return ch
 }
 
 type sqlfenceOptions struct {
@@ -319,12 +340,13 @@ func (s *sqlfenceSystem) start(ctx context.Context, slot int) error {
 	cfg.LeaseTTL, cfg.HeartbeatInterval = s.tm.ttl, s.tm.heartbeat
 	cfg.Logger = s.log
 	cfg.Observer = s.observer
-	cfg.OnTransition = func(e cluster.Event) {
+	events := eventsTo(func(e cluster.Event) {
 		if e.Kind == cluster.EventLeaseAcquired {
 			report(s.acq, slot, e.At) // At is taken as the term is stored
 			traceAt(e.At, id, "acquired event x")
 		}
-	}
+	})
+	cfg.Events = events
 	if observe := cfg.Observer; tracing {
 		cfg.Observer = func(o cluster.Operation) {
 			if observe != nil {
@@ -341,11 +363,12 @@ func (s *sqlfenceSystem) start(ctx context.Context, slot int) error {
 	}
 	c, err := cluster.New(ctx, cfg)
 	if err != nil {
+		close(events)
 		db.close()
 		return err
 	}
 	s.mu.Lock()
-	s.members[slot] = &sqlMember{c: c, db: db}
+	s.members[slot] = &sqlMember{c: c, db: db, events: events}
 	s.mu.Unlock()
 	return nil
 }
@@ -395,7 +418,7 @@ func (s *sqlfenceSystem) release(ctx context.Context, slot int) (bool, error) {
 	}
 	who := s.label + "-" + strconv.Itoa(slot)
 	traceAt(time.Now(), who, "shutdown call start")
-	err := m.c.Shutdown(ctx)
+	err := m.shutdown(ctx)
 	traceAt(time.Now(), who, "shutdown call end")
 	m.db.close()
 	traceAt(time.Now(), who, "pool closed end")
@@ -419,14 +442,14 @@ func (s *sqlfenceSystem) crash(ctx context.Context, slot int) error {
 		// on the closed pool, as a dead process's would never run.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		m.c.Shutdown(sctx)
+		m.shutdown(sctx)
 	}()
 	return nil
 }
 
 func (s *sqlfenceSystem) stop(ctx context.Context, slot int) {
 	if m := s.take(slot); m != nil {
-		m.c.Shutdown(ctx)
+		m.shutdown(ctx)
 		m.db.close()
 	}
 }

@@ -148,6 +148,24 @@ func nodeMain(raw string) int {
 	}
 	defer db.Close()
 	n.db = db
+	// The node records its transitions from a goroutine of its own, which
+	// drains the channel once Shutdown has sent the last.
+	events, eventsStop, eventsDone := make(chan cluster.Event, 1024), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(eventsDone)
+		for {
+			select {
+			case e := <-events:
+				n.transition(e)
+			case <-eventsStop:
+				for len(events) > 0 {
+					n.transition(<-events)
+				}
+				return
+			}
+		}
+	}()
+	defer func() { close(eventsStop); <-eventsDone }()
 
 	ccfg := cluster.Config{
 		NodeID:            cfg.ID,
@@ -161,7 +179,7 @@ func nodeMain(raw string) int {
 		WitnessFile:       cfg.Witness,
 		Logger:            n.log,
 		Observer:          n.observe,
-		OnTransition:      n.transition,
+		Events:            events,
 	}
 	if provider != nil {
 		ccfg.DB, ccfg.TablePrefix, ccfg.Provider = nil, "", provider

@@ -41,12 +41,7 @@ func TestPgBouncerConformance(t *testing.T) {
 // more events than it makes.
 func sendTo(ch chan<- cluster.Event, edit func(*cluster.Config)) func(*cluster.Config) {
 	return func(c *cluster.Config) {
-		c.OnTransition = func(e cluster.Event) {
-			select {
-			case ch <- e:
-			default:
-			}
-		}
+		c.Events = ch
 		if edit != nil {
 			edit(c)
 		}

@@ -57,7 +57,7 @@ func startNode(t *testing.T, store *providertest.Memory, id string) *node {
 		t.Fatalf("cluster.New(%s): %v", id, err)
 	}
 	n.Cluster = c
-	c.OnTransition(func(e cluster.Event) { n.events <- e })
+	c.Notify(n.events)
 	n.metrics.Watch(c)
 	t.Cleanup(func() {
 		if err := c.Shutdown(context.Background()); err != nil {

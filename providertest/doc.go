@@ -142,7 +142,7 @@
 // window ([cluster.Config.FenceTimeout]) run on the real monotonic clock,
 // so nodes notice a change in the store at their next heartbeat attempt,
 // within [cluster.Config.HeartbeatInterval] of real time. Wait for that
-// on an event ([cluster.Config.OnTransition]) rather than a sleep. Short
+// on an event ([cluster.Config.Events]) rather than a sleep. Short
 // timings keep that quick: LeaseTTL 1s and HeartbeatInterval 100ms are the
 // least the Config allows, with FenceTimeout 700ms between them.
 package providertest

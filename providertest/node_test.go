@@ -40,7 +40,7 @@ func startNode(t *testing.T, store *providertest.Memory, id string) *node {
 		HeartbeatInterval: heartbeatInterval,
 		FenceTimeout:      fenceTimeout,
 		Logger:            testdb.Logger(t),
-		OnTransition:      func(e cluster.Event) { n.events <- e },
+		Events:            n.events,
 	})
 	if err != nil {
 		t.Fatalf("New(%s): %v", id, err)

@@ -61,6 +61,22 @@ func main() {
 	}
 	setup.Close()
 
+	// The nodes' transitions arrive on one channel, printed as they come;
+	// the Cluster never blocks sending, so the channel has a buffer.
+	events := make(chan cluster.Event, 64)
+	go func() {
+		for e := range events {
+			if e.Kind == cluster.EventLeaderChanged {
+				continue // each node's own transitions tell the story
+			}
+			reason := ""
+			if e.Reason != "" {
+				reason = " (" + string(e.Reason) + ")"
+			}
+			fmt.Printf("  [%5.2fs] %s: %s, fencing token %d%s\n", e.At.Sub(epoch).Seconds(), e.NodeID, e.Kind, e.FencingToken, reason)
+		}
+	}()
+
 	var nodes []*node
 	for _, id := range []string{"node-1", "node-2", "node-3"} {
 		n := &node{lease: open(dsn), app: open(dsn)}
@@ -73,16 +89,7 @@ func main() {
 			HeartbeatInterval: heartbeat,
 			Endpoint:          "https://" + id + ".example.internal:8443",
 			Chains:            []cluster.Chain{{Name: "audit", Table: "audit"}},
-			OnTransition: func(e cluster.Event) {
-				if e.Kind == cluster.EventLeaderChanged {
-					return // each node's own transitions tell the story
-				}
-				reason := ""
-				if e.Reason != "" {
-					reason = " (" + string(e.Reason) + ")"
-				}
-				fmt.Printf("  [%5.2fs] %s: %s, fencing token %d%s\n", time.Since(epoch).Seconds(), e.NodeID, e.Kind, e.FencingToken, reason)
-			},
+			Events:            events,
 		})
 		if err != nil {
 			log.Fatal(err)

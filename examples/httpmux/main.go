@@ -56,6 +56,13 @@ func main() {
 		log.Fatal(err)
 	}
 
+	// Transitions arrive on a channel; the Cluster never blocks sending.
+	events := make(chan cluster.Event, 64)
+	go func() {
+		for e := range events {
+			log.Printf("%s: %s (fencing token %d) %s", e.NodeID, e.Kind, e.FencingToken, e.Reason)
+		}
+	}()
 	if err := cluster.Init(ctx, cluster.Config{
 		NodeID:                *node,
 		DB:                    db,
@@ -63,9 +70,7 @@ func main() {
 		AllowInsecureEndpoint: true, // a local demo; use https in production
 		LeaseTTL:              *ttl,
 		HeartbeatInterval:     *heartbeat,
-		OnTransition: func(e cluster.Event) {
-			log.Printf("%s: %s (fencing token %d) %s", e.NodeID, e.Kind, e.FencingToken, e.Reason)
-		},
+		Events:                events,
 	}); err != nil {
 		log.Fatal(err)
 	}
