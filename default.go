@@ -24,9 +24,10 @@ var std struct {
 	// mu orders the transitions and guards notify and init. It is never
 	// held while waiting for anything, so any goroutine may call any
 	// package-level function, Shutdown included, even during Init.
-	mu     sync.Mutex
-	notify []chan<- Event // registered by Notify for the next Init
-	init   *stdInit       // the Init call under way, if any
+	mu      sync.Mutex
+	notify  []chan<- Event    // registered by Notify for the next Init
+	observe []func(Operation) // added by Observe for the next Init
+	init    *stdInit          // the Init call under way, if any
 	// changed is closed, and replaced, by every change of state: it wakes
 	// package-level RunWhileLeader calls and ends single-node work.
 	changed chan struct{}
@@ -803,4 +804,60 @@ func stdBumpConfigVersion(ctx context.Context) (uint64, error) {
 		return c.BumpConfigVersion(ctx)
 	}
 	return 0, s.errLeader
+}
+
+// stdWorkLanes is WorkLanes on the default instance. In single-node mode
+// (Init never called) this process owns every lane: fn runs for each key
+// with token 0 until ctx is done or Init begins, and is not called again
+// for a key whose fn returned before that. Once Init succeeds it works
+// the lanes as the member; after Shutdown it returns an error wrapping
+// [ErrShutdown].
+func stdWorkLanes(ctx context.Context, keys []string, fn func(ctx context.Context, lane string, token uint64) error) error {
+	if err := checkWorkLanes(keys, fn); err != nil {
+		return err
+	}
+	for {
+		std.mu.Lock()
+		s := std.state.Load()
+		if std.changed == nil {
+			std.changed = make(chan struct{})
+		}
+		changed := std.changed
+		if s == nil {
+			std.single.add() // under mu: Init and Shutdown see it once they change the state
+		}
+		std.mu.Unlock()
+		switch {
+		case s == nil:
+			runSingle(ctx, changed, func(ctx context.Context, _ uint64) error {
+				var wg sync.WaitGroup
+				for _, key := range keys {
+					wg.Go(func() {
+						err := func() (err error) {
+							defer func() {
+								if r := recover(); r != nil {
+									err = fmt.Errorf("panic: %v", r)
+								}
+							}()
+							return fn(ctx, key, 0)
+						}()
+						if err != nil && ctx.Err() == nil {
+							defaultLogger().Error("cluster: lane work failed; in single-node mode it runs again only after Init", "lane", key, "err", err)
+						}
+					})
+				}
+				wg.Wait()
+				return nil
+			})
+		case s.kind == stdRunning:
+			return s.c.WorkLanes(ctx, keys, fn)
+		case s.kind == stdDown:
+			return s.errNotLeader
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
 }

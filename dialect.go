@@ -89,7 +89,7 @@ type queries struct {
 	LeaseRetire     string `sql:"lease_retire"`     // name
 	NodesRetire     string `sql:"nodes_retire"`     // scope
 	// Lanes (lanes.go, provider_lanes.go) and the config version.
-	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, instance, scope, node id, window ms, scope, lane
+	LanePeek       string `sql:"lane_peek"`        // scope, window ms, scope, instance, scope, instance, window ms, instance, scope, node id, window ms, instance, scope, instance, window ms, scope, lane
 	LaneClaim      string `sql:"lane_claim"`       // holder, instance, ttl ms, scope, lane, instance, timeout ms
 	LaneRead       string `sql:"lane_read"`        // scope, lane
 	LaneCreate     string `sql:"lane_create"`      // scope, lane

@@ -385,7 +385,7 @@ func checkQuerier(call string, q provider.Querier) error {
 // errNoCapability reports a call that needs a capability the provider
 // lacks.
 func (c *Cluster) errNoCapability(call, capability string) error {
-	return fmt.Errorf("%w: %s needs a provider that implements cluster.%s; %T does not (a wrapper keeps every capability of *cluster.DBProvider by embedding it or by delegating each method)",
+	return fmt.Errorf("%w: %s needs a provider that implements provider.%s; %T does not (a wrapper keeps every capability of *cluster.DBProvider by embedding it or by delegating each method)",
 		ErrInvalidConfig, call, capability, c.provider)
 }
 

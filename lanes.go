@@ -48,12 +48,18 @@ type laneState struct {
 	duplicateLogged atomic.Bool
 	set             atomic.Pointer[laneSet] // what OwnsLane reads
 	claims          workCount               // ClaimLane calls in flight, which Shutdown waits for
-	cancel          context.CancelFunc      // stops the keeper; nil until it starts
-	kick            chan struct{}           // wakes the keeper at once
-	wg              sync.WaitGroup          // the keeper goroutine
-	joined          bool                    // JoinLanes succeeded; keeper goroutine only
-	joins           uint64                  // Cluster.joins when it did; keeper goroutine only
-	fails           int                     // consecutive keeper failures; keeper goroutine only
+	work            workCount               // WorkLanes claims and work in flight, which Shutdown waits for
+	// working cancels the WorkLanes work on a lane, by key; a nil value
+	// reserves a key while WorkLanes claims it.
+	working   map[string]context.CancelFunc
+	census    provider.LaneCensus // the keeper's last census, for WorkLanes
+	hasCensus bool
+	cancel    context.CancelFunc // stops the keeper; nil until it starts
+	kick      chan struct{}      // wakes the keeper at once
+	wg        sync.WaitGroup     // the keeper goroutine
+	joined    bool               // JoinLanes succeeded; keeper goroutine only
+	joins     uint64             // Cluster.joins when it did; keeper goroutine only
+	fails     int                // consecutive keeper failures; keeper goroutine only
 }
 
 // heldLane is one of this node's lanes.
@@ -101,8 +107,9 @@ func (c *Cluster) lanesHeld() int {
 	return n
 }
 
-// laneEvent counts a lane event and emits it. It never blocks, so the
-// caller may hold c.lanes.mu, which keeps a lane's events in order.
+// laneEvent counts a lane event and emits it; a lane lost or released
+// cancels the WorkLanes work on it. It never blocks. The caller holds
+// c.lanes.mu, which keeps a lane's events in order.
 func (c *Cluster) laneEvent(kind EventKind, key string, token uint64, reason Reason) {
 	switch kind {
 	case EventLaneAcquired:
@@ -111,6 +118,9 @@ func (c *Cluster) laneEvent(kind EventKind, key string, token uint64, reason Rea
 		c.stats.laneLosses.Add(1)
 	case EventLaneReleased:
 		c.stats.laneReleases.Add(1)
+	}
+	if cancel := c.lanes.working[key]; cancel != nil && kind != EventLaneAcquired {
+		cancel()
 	}
 	c.events.emit(Event{Kind: kind, NodeID: c.cfg.NodeID, At: time.Now(), FencingToken: token, Reason: reason, Lane: key})
 }
@@ -239,7 +249,9 @@ func (c *Cluster) LaneOwner(ctx context.Context, key string) (*Lane, error) {
 // refusal of a lane this node believed it owned emits lane-lost (see
 // [EventLaneAcquired]).
 //
-// Share: a node may hold at most ⌈lanes / members⌉ lanes, where lanes
+// Share: a node may hold ⌊lanes / members⌋ lanes, one more if it is
+// among the first lanes mod members of the members by NodeID, so the
+// lanes spread to within one of even (4 over 3 nodes: 2/1/1). lanes
 // counts the lanes of this cluster (this LeaseName) held by any node
 // within the last LeaseTTL plus a heartbeat (claimed, renewed or released
 // that recently), the lane claimed included, and members counts the
@@ -265,6 +277,12 @@ func (c *Cluster) ClaimLane(ctx context.Context, tx Tx, key string) (uint64, err
 	if err != nil {
 		return 0, err
 	}
+	return c.claimLane(ctx, q, key)
+}
+
+// claimLane is ClaimLane in q, a transaction of the caller's or, for
+// WorkLanes, of the provider's.
+func (c *Cluster) claimLane(ctx context.Context, q provider.Querier, key string) (uint64, error) {
 	store, ok := c.provider.(provider.LaneStore)
 	if !ok {
 		return 0, c.errNoCapability("ClaimLane", "LaneStore")
@@ -392,15 +410,42 @@ func (c *Cluster) laneWindow() time.Duration {
 	return c.cfg.LeaseTTL + c.cfg.HeartbeatInterval
 }
 
-// laneLimit is how many lanes this node may hold given census; counted
-// says whether census.Lanes counts the lane being claimed.
-func (c *Cluster) laneLimit(census provider.LaneCensus, counted bool) (limit int, rule string) {
+// laneLimit is how many lanes this node may hold given census: for a new
+// claim (keep false: census.Lanes counts the lane claimed when counted),
+// or for the lanes it holds (keep true: the keeper hands over the rest).
+//
+// Within one of even: with base = lanes / members and extra = lanes %
+// members, every member may hold base lanes, and extra of them one more.
+// A claim takes one more while fewer than extra other members hold more
+// than base; a member keeps one more while fewer than extra of the others
+// that hold more than base sort before it (by NodeID, then instance), so
+// two that both took one more settle with the one that sorts first
+// keeping it: 4 lanes over 3 members settle 2/1/1, never 2/2/0. A store
+// that reports no loads gets ⌈lanes / members⌉.
+func (c *Cluster) laneLimit(census provider.LaneCensus, counted, keep bool) (limit int, rule string) {
 	lanes := census.Lanes
 	if !counted {
 		lanes++
 	}
 	members := census.Members + 1
-	limit = (lanes + members - 1) / members
+	base, extra := lanes/members, lanes%members
+	switch {
+	case extra == 0:
+		limit = base
+	case census.Members > 0 && len(census.Loads) == 0:
+		limit = base + 1
+	default:
+		above := 0
+		for _, l := range census.Loads {
+			if l.Lanes > base && (l.Before || !keep) {
+				above++
+			}
+		}
+		limit = base
+		if above < extra {
+			limit++
+		}
+	}
 	rule = fmt.Sprintf("its fair share of %d lanes among %d members", lanes, members)
 	if m := c.cfg.MaxLanes; m > 0 && m <= limit {
 		limit, rule = m, "Config.MaxLanes"
@@ -412,7 +457,7 @@ func (c *Cluster) laneLimit(census provider.LaneCensus, counted bool) (limit int
 // the claims in flight; the caller undoes the reservation when the claim
 // returns.
 func (c *Cluster) reserveLane(key string, census provider.LaneCensus, counted bool) error {
-	limit, rule := c.laneLimit(census, counted)
+	limit, rule := c.laneLimit(census, counted, false)
 	c.lanes.mu.Lock()
 	defer c.lanes.mu.Unlock()
 	if mine := max(census.Mine, len(c.lanes.held)) + c.lanes.pending; mine >= limit {
@@ -642,7 +687,8 @@ func (c *Cluster) refreshLanes(ctx context.Context, store provider.LaneStore) bo
 		}
 	}
 	census.Mine = len(next)
-	limit, rule := c.laneLimit(census, true)
+	c.lanes.census, c.lanes.hasCensus = census, true
+	limit, rule := c.laneLimit(census, true, true)
 	if extra := len(next) - limit; extra > 0 {
 		keys := make([]string, 0, len(next))
 		for k := range next {
@@ -678,6 +724,9 @@ func (c *Cluster) refreshLanes(ctx context.Context, store provider.LaneStore) bo
 	c.lanes.held = next
 	release := make([]string, 0, len(c.lanes.shedding))
 	for k := range c.lanes.shedding {
+		if c.lanes.working[k] != nil {
+			continue // its work was cancelled; WorkLanes releases it once the work returns
+		}
 		release = append(release, k)
 	}
 	c.publishLanes()
@@ -731,6 +780,11 @@ func (c *Cluster) fenceLanes() {
 // Transactions still open on a lane hold its row: the release waits for
 // them on PostgreSQL and MySQL.
 func (c *Cluster) stopKeeper(ctx context.Context) {
+	// WorkLanes saw Shutdown begin and cancelled its work; the lanes stay
+	// this node's, renewed, until the work returns.
+	if n, err := c.lanes.work.wait(ctx); err != nil {
+		c.log.WarnContext(ctx, "cluster: lane work still running at the Shutdown deadline; releasing the lanes anyway", "running", n, "err", err)
+	}
 	c.lanes.mu.Lock()
 	c.lanes.stopped = true
 	cancel := c.lanes.cancel
@@ -761,9 +815,11 @@ func (c *Cluster) stopKeeper(ctx context.Context) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
+	c.lanes.mu.Lock()
 	for _, k := range keys {
 		c.laneEvent(EventLaneReleased, k, held[k].token, releaseReason(ReasonShutdown, err))
 	}
+	c.lanes.mu.Unlock()
 	if err != nil {
 		c.log.WarnContext(ctx, "cluster: releasing this node's lanes on shutdown failed; they expire after LeaseTTL", "err", err)
 		return

@@ -32,7 +32,8 @@ var schemaFS embed.FS
 // <prefix>lease of a PostgreSQL, MySQL/MariaDB or SQLite database. It
 // also implements every optional capability ([provider.Fencer], [provider.ChainStore],
 // [provider.StateStore], [provider.InstanceReleaser], [provider.Initializer], [provider.SchemaChecker],
-// [provider.MemberStore], [provider.LaneStore], [provider.ConfigStore], [provider.ReleaseWatcher]), and a
+// [provider.MemberStore], [provider.LaneStore], [provider.Transactor], [provider.ConfigStore],
+// [provider.ReleaseWatcher]), and a
 // node reaches it only through those interfaces: a type that wraps a
 // *DBProvider to add metrics or tracing keeps them all, whether it embeds
 // it or delegates each method.

@@ -773,6 +773,7 @@ var _ interface {
 	provider.StateStore
 	provider.MemberStore
 	provider.LaneStore
+	provider.Transactor
 	provider.ConfigStore
 	provider.ReleaseWatcher
 } = (*delegating)(nil)
@@ -790,7 +791,10 @@ func (d *delegating) Release(ctx context.Context, l provider.Lease) error { retu
 func (d *delegating) Leader(ctx context.Context, name string) (*cluster.Leader, error) {
 	return d.p.Leader(ctx, name)
 }
-func (d *delegating) Init(ctx context.Context) error        { return d.p.Init(ctx) }
+func (d *delegating) Init(ctx context.Context) error { return d.p.Init(ctx) }
+func (d *delegating) InTx(ctx context.Context, f func(provider.Querier) error) error {
+	return d.p.InTx(ctx, f)
+}
 func (d *delegating) CheckSchema(ctx context.Context) error { return d.p.CheckSchema(ctx) }
 func (d *delegating) ReleaseInstance(ctx context.Context, name, holder, instance string) error {
 	return d.p.ReleaseInstance(ctx, name, holder, instance)

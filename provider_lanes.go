@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,14 +60,15 @@ func (p *DBProvider) PeekLane(ctx context.Context, tx provider.Querier, req prov
 	var holder, instance sql.NullString
 	var token, acquired, renewed, expires sql.NullInt64
 	var lanes, mine, members, elders, now int64
+	var loads sql.NullString
 	w := window.Milliseconds()
 	err := tx.QueryRow(ctx, p.q.LanePeek, req.Scope, w, req.Scope, req.Instance, req.Scope, req.Instance, w,
-		req.Instance, req.Scope, req.Holder, w, req.Scope, req.Key).
-		Scan(&holder, &instance, &token, &acquired, &renewed, &expires, &lanes, &mine, &members, &elders, &now)
+		req.Instance, req.Scope, req.Holder, w, req.Instance, req.Scope, req.Instance, w, req.Scope, req.Key).
+		Scan(&holder, &instance, &token, &acquired, &renewed, &expires, &lanes, &mine, &members, &elders, &loads, &now)
 	if err != nil {
 		return nil, c, p.wrap("read lane "+quote(req.Key), err)
 	}
-	c = provider.LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members), Elders: int(elders)}
+	c = provider.LaneCensus{Lanes: int(lanes), Mine: int(mine), Members: int(members), Elders: int(elders), Loads: parseLoads(loads.String)}
 	if !token.Valid {
 		return nil, c, nil
 	}
@@ -148,12 +150,15 @@ func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl
 	for rows.next() {
 		var lanes, members, now int64
 		var version, token, acquired, expires sql.NullInt64
-		var key sql.NullString
-		if err := rows.scan(&lanes, &members, &version, &now, &key, &token, &acquired, &expires); err != nil {
+		var key, loads sql.NullString
+		if err := rows.scan(&lanes, &members, &loads, &version, &now, &key, &token, &acquired, &expires); err != nil {
 			rows.close()
 			return rep, p.wrap("renew lanes", err)
 		}
 		rep.Census.Lanes, rep.Census.Members = int(lanes), int(members)
+		if rep.Census.Loads == nil {
+			rep.Census.Loads = parseLoads(loads.String)
+		}
 		rep.ConfigVersion, rep.HasConfigVersion = uint64(version.Int64), version.Valid
 		if key.Valid {
 			rep.Held = append(rep.Held, Lane{Key: key.String, FencingToken: uint64(token.Int64), Instance: instance,
@@ -171,6 +176,57 @@ func (p *DBProvider) RenewLanes(ctx context.Context, scope, instance string, ttl
 // ReleaseLane implements [provider.LaneStore].
 func (p *DBProvider) ReleaseLane(ctx context.Context, scope, key, holder, instance string) error {
 	return p.exec(ctx, "release lane "+quote(key), p.q.LaneRelease, scope, key, holder, instance)
+}
+
+// parseLoads reads the loads column of lane_peek and lane_report:
+// "2b,1a" is a member with 2 lanes that sorts before the instance and one
+// with 1 that sorts after. An entry it cannot read is left out.
+func parseLoads(s string) []provider.MemberLoad {
+	if s == "" {
+		return nil
+	}
+	parts := strings.Split(s, ",")
+	loads := make([]provider.MemberLoad, 0, len(parts))
+	for _, p := range parts {
+		if len(p) < 2 {
+			continue
+		}
+		n, err := strconv.Atoi(p[:len(p)-1])
+		if err != nil {
+			continue
+		}
+		loads = append(loads, provider.MemberLoad{Lanes: n, Before: p[len(p)-1] == 'b'})
+	}
+	return loads
+}
+
+// InTx implements [provider.Transactor]: BEGIN (on SQLite BEGIN
+// IMMEDIATE, which takes the write lock a claim needs at once, as
+// _txlock=immediate does) on a connection of the pool, f, then COMMIT, or
+// ROLLBACK when f or the COMMIT failed.
+func (p *DBProvider) InTx(ctx context.Context, f func(tx provider.Querier) error) error {
+	conn, release, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	begin := "BEGIN"
+	if p.d.name() == SQLite {
+		begin = "BEGIN IMMEDIATE"
+	}
+	if _, err := conn.Exec(ctx, begin); err != nil {
+		return p.wrap("begin a transaction", err)
+	}
+	background := context.WithoutCancel(ctx)
+	if err := f(conn); err != nil {
+		endTx(background, conn, false)
+		return err
+	}
+	if err := endTx(background, conn, true); err != nil {
+		endTx(background, conn, false)
+		return p.wrap("commit", err)
+	}
+	return nil
 }
 
 // ReleaseLanes implements [provider.LaneStore].
@@ -328,7 +384,7 @@ type pgLaneQueries struct {
 // renew and report in one statement.
 type laneRenewQueries struct {
 	LaneRenew  string `sql:"lane_renew"`  // ttl ms, scope, instance
-	LaneReport string `sql:"lane_report"` // scope, window ms, scope, instance, window ms, scope, scope, instance
+	LaneReport string `sql:"lane_report"` // scope, window ms, scope, instance, window ms, instance, scope, instance, window ms, scope, scope, instance
 }
 
 // laneRow is a lane row as lane_claim and lane_read return it; times are
@@ -439,5 +495,5 @@ func renewThenReport(ctx context.Context, conn provider.Querier, renew, report, 
 		return nil, err
 	}
 	w := window.Milliseconds()
-	return queryRows(ctx, conn, report, scope, w, scope, instance, w, scope, scope, instance)
+	return queryRows(ctx, conn, report, scope, w, scope, instance, w, instance, scope, instance, w, scope, scope, instance)
 }

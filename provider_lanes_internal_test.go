@@ -51,11 +51,11 @@ func TestLaneQueriesUseIndexes(t *testing.T) {
 		q    string
 		args []any
 	}{
-		"lane_peek":    {q.LanePeek, []any{"leader", 3000, "leader", "i", "leader", "i", 3000, "i", "leader", "h", 3000, "leader", "k"}},
+		"lane_peek":    {q.LanePeek, []any{"leader", 3000, "leader", "i", "leader", "i", 3000, "i", "leader", "h", 3000, "i", "leader", "i", 3000, "leader", "k"}},
 		"lane_claim":   {q.LaneClaim, []any{"h", "i", 1000, "leader", "k", "i", 1000}},
 		"lane_release": {q.LaneRelease, []any{"leader", "k", "h", "i"}},
 		"lane_renew":   {q.LaneRenew, []any{1000, "leader", "i"}},
-		"lane_report":  {q.LaneReport, []any{"leader", 3000, "leader", "i", 3000, "leader", "leader", "i"}},
+		"lane_report":  {q.LaneReport, []any{"leader", 3000, "leader", "i", 3000, "i", "leader", "i", 3000, "leader", "leader", "i"}},
 	} {
 		rows, err := db.QueryContext(ctx, "EXPLAIN QUERY PLAN "+stmt.q, stmt.args...)
 		if err != nil {

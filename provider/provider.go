@@ -275,6 +275,15 @@ type VaultState struct {
 	RecordedBy    string    // the node that recorded it
 }
 
+// A Transactor is an optional capability of a [Provider]: InTx runs f in
+// a transaction of the provider's own, on a connection of its own, and
+// commits it when f returns nil (rolls it back otherwise, and returns f's
+// error). cluster.Cluster.WorkLanes claims lanes through it, with the
+// [LaneStore] in the same provider; the default providers implement it.
+type Transactor interface {
+	InTx(ctx context.Context, f func(tx Querier) error) error
+}
+
 // The provider's side of lanes (cluster.Cluster.ClaimLane) and of the config
 // version (cluster.Cluster.ConfigVersion): two optional capabilities of a
 // [Provider], found by type assertion like the others. The default
@@ -365,6 +374,21 @@ type LaneCensus struct {
 	// elder lives, as it is refused the lease. A store that cannot tell
 	// leaves it 0.
 	Elders int
+	// Loads has one entry per member counted in Members: how many
+	// unexpired lanes it holds, and whether it sorts before the requesting
+	// instance. The share rule uses them to spread the lanes to within one
+	// of even; a store that leaves them out gets a share of ⌈lanes /
+	// members⌉, which may settle 4 lanes over 3 members as 2/2/0.
+	Loads []MemberLoad
+}
+
+// A MemberLoad is one member's part in a [LaneCensus].
+type MemberLoad struct {
+	Lanes int // the member's unexpired lanes
+	// Before reports that the member sorts before the requesting instance
+	// by NodeID, then instance, in the store's order: when the lanes do
+	// not divide evenly, the members that sort first hold one more.
+	Before bool
 }
 
 // LaneReport is what [LaneStore.RenewLanes] returns.

@@ -20,6 +20,7 @@ import (
 
 var (
 	_ provider.LaneStore   = (*Memory)(nil)
+	_ provider.Transactor  = (*Memory)(nil)
 	_ provider.ConfigStore = (*Memory)(nil)
 )
 
@@ -85,12 +86,26 @@ func (m *Memory) census(scope, instance string, window time.Duration, now time.T
 			c.Mine++
 		}
 	}
+	me := m.nodes[instance]
 	for other, seen := range m.takers[scope] {
 		if other != instance && seen.After(since) {
 			c.Members++
+			load := provider.MemberLoad{Before: m.nodes[other] < me || (m.nodes[other] == me && other < instance)}
+			for id, l := range m.lanes {
+				if id.scope == scope && l.instance == other && l.held(now) {
+					load.Lanes++
+				}
+			}
+			c.Loads = append(c.Loads, load)
 		}
 	}
 	return c
+}
+
+// InTx implements [provider.Transactor]: Memory's lane calls take effect
+// at once and ignore their tx, so it calls f with a nil tx.
+func (m *Memory) InTx(ctx context.Context, f func(tx provider.Querier) error) error {
+	return f(nil)
 }
 
 // PeekLane implements [provider.LaneStore]; tx is ignored. A member counts

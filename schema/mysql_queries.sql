@@ -306,12 +306,18 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?;
 
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
--- instance, scope, node id, window ms, scope, lane. Reads a lane without locking it, and what its fair share is
--- computed from: holder, instance, token, acquired, renewed, expires (NULL
--- when the lane has no row), the lanes of scope held within the window,
--- the instance's unexpired lanes, the other live members that take lanes,
--- the live members with the same node id that started before the instance
--- (a duplicate NodeID), now.
+-- instance, scope, node id, window ms, instance, scope, instance, window
+-- ms, scope, lane. Reads a lane without locking it, and what its fair
+-- share is computed from: holder, instance, token, acquired, renewed,
+-- expires (NULL when the lane has no row), the lanes of scope held within
+-- the window, the instance's unexpired lanes, the other live members that
+-- take lanes, the live members with the same node id that started before
+-- the instance
+-- (a duplicate NodeID), the loads (below), now. The loads list, for each
+-- other live member that takes lanes, its unexpired lanes and whether its
+-- node id (then instance) sorts before the instance's ('b') or not ('a'):
+-- '2b,1a'; NULL when there is none. When the lanes do not divide evenly,
+-- the members that sort first hold one more.
 SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
        (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
             AND renewed_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
@@ -323,6 +329,13 @@ SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.exp
             WHERE o.scope = ? AND o.node_id = ? AND o.instance <> me.instance AND o.status = 'active'
               AND o.last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?
               AND (o.started_at < me.started_at OR (o.started_at = me.started_at AND o.instance < me.instance))),
+       (SELECT GROUP_CONCAT(CONCAT(x.n, x.b) SEPARATOR ',') FROM (
+            SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                        AND h.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) AS n,
+                   CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+            FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = ?
+            WHERE o.scope = ? AND o.instance <> ? AND o.status = 'active' AND o.takes_lanes = 1
+              AND o.last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?) x),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM (SELECT 1 AS one) AS c LEFT JOIN {{prefix}}lanes l ON l.scope = ? AND l.lane = ?;
 
@@ -376,15 +389,23 @@ WHERE scope = ? AND instance = ?
   AND expires_at > renewed_at;
 
 -- name: lane_report
--- args: scope, window ms, scope, instance, window ms, scope, scope,
--- instance. One row per unexpired lane of the instance (one row with NULL
--- lane columns when it has none): the lanes of scope held within the
--- window, the other live members that take lanes, the config version (NULL
--- when none), now, lane, token, acquired, expires.
+-- args: scope, window ms, scope, instance, window ms, instance, scope,
+-- instance, window ms, scope, scope, instance. One row per unexpired lane
+-- of the instance (one row with NULL lane columns when it has none): the
+-- lanes of scope held within the window, the other live members that take
+-- lanes, their loads (as in lane_peek), the config version (NULL when none), now, lane,
+-- token, acquired, expires.
 SELECT (SELECT COUNT(*) FROM {{prefix}}lanes WHERE scope = ?
             AND renewed_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
        (SELECT COUNT(*) FROM {{prefix}}nodes WHERE scope = ? AND instance <> ? AND status = 'active' AND takes_lanes = 1
             AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?),
+       (SELECT GROUP_CONCAT(CONCAT(x.n, x.b) SEPARATOR ',') FROM (
+            SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                        AND h.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000) AS n,
+                   CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+            FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = ?
+            WHERE o.scope = ? AND o.instance <> ? AND o.status = 'active' AND o.takes_lanes = 1
+              AND o.last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?) x),
        (SELECT config_version FROM {{prefix}}config WHERE scope = ?),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
        l.lane, l.fencing_token, l.acquired_at, l.expires_at

@@ -327,12 +327,18 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = $1;
 
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
--- instance, scope, node id, window ms, scope, lane. Reads a lane without locking it, and what its fair share is
--- computed from: holder, instance, token, acquired, renewed, expires (NULL
--- when the lane has no row), the lanes of scope held within the window,
--- the instance's unexpired lanes, the other live members that take lanes,
--- the live members with the same node id that started before the instance
--- (a duplicate NodeID), now.
+-- instance, scope, node id, window ms, instance, scope, instance, window
+-- ms, scope, lane. Reads a lane without locking it, and what its fair
+-- share is computed from: holder, instance, token, acquired, renewed,
+-- expires (NULL when the lane has no row), the lanes of scope held within
+-- the window, the instance's unexpired lanes, the other live members that
+-- take lanes, the live members with the same node id that started before
+-- the instance
+-- (a duplicate NodeID), the loads (below), now. The loads list, for each
+-- other live member that takes lanes, its unexpired lanes and whether its
+-- node id (then instance) sorts before the instance's ('b') or not ('a'):
+-- '2b,1a'; NULL when there is none. When the lanes do not divide evenly,
+-- the members that sort first hold one more.
 WITH clock AS (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 )
@@ -345,8 +351,15 @@ SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.exp
             WHERE o.scope = $9 AND o.node_id = $10 AND o.instance <> me.instance AND o.status = 'active'
               AND o.last_seen > c.now_ms - $11::bigint
               AND (o.started_at < me.started_at OR (o.started_at = me.started_at AND o.instance < me.instance))),
+       (SELECT string_agg(x.n::text || x.b, ',') FROM (
+            SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                        AND h.expires_at > c.now_ms) AS n,
+                   CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+            FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = $12
+            WHERE o.scope = $13 AND o.instance <> $14 AND o.status = 'active' AND o.takes_lanes = 1
+              AND o.last_seen > c.now_ms - $15::bigint) x),
        c.now_ms
-FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $12 AND l.lane = $13;
+FROM clock c LEFT JOIN {{prefix}}lanes l ON l.scope = $16 AND l.lane = $17;
 
 -- name: lane_claim
 -- args: holder, instance, ttl ms, scope, lane, instance, timeout ms.
@@ -394,8 +407,8 @@ ON CONFLICT (scope, lane) DO NOTHING;
 -- those a transaction of its own holds, which renewed them when it claimed
 -- them) and returns, on one row per lane of the instance (one row with
 -- NULL lane columns when it has none): the lanes of scope held within the
--- window, the other live members that take lanes, the config version
--- (NULL when none), now, lane, token, acquired, expires. A lane a
+-- window, the other live members that take lanes, their loads (as in
+-- lane_peek), the config version (NULL when none), now, lane, token, acquired, expires. A lane a
 -- release or an operator ended (expires_at = renewed_at) is not renewed,
 -- even when that release committed after this statement read its clock.
 -- The census is counted once, not once per lane (MATERIALIZED): counted
@@ -424,10 +437,17 @@ WITH clock AS (
     SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = $2 AND renewed_at > c.now_ms - $4::bigint) AS lanes,
            (SELECT count(*) FROM {{prefix}}nodes WHERE scope = $2 AND instance <> $3 AND status = 'active'
                 AND takes_lanes = 1 AND last_seen > c.now_ms - $4::bigint) AS members,
+           (SELECT string_agg(x.n::text || x.b, ',') FROM (
+                SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                            AND h.expires_at > c.now_ms) AS n,
+                       CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+                FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = $3
+                WHERE o.scope = $2 AND o.instance <> $3 AND o.status = 'active' AND o.takes_lanes = 1
+                  AND o.last_seen > c.now_ms - $4::bigint) x) AS loads,
            (SELECT config_version FROM {{prefix}}config WHERE scope = $2) AS version
     FROM clock c
 )
-SELECT n.lanes, n.members, n.version, c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
+SELECT n.lanes, n.members, n.loads, n.version, c.now_ms, m.lane, m.fencing_token, m.acquired_at, m.expires_at
 FROM clock c CROSS JOIN census n LEFT JOIN mine m ON true;
 
 -- name: lane_list

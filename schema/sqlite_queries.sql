@@ -214,12 +214,17 @@ UPDATE {{prefix}}nodes SET status = 'left' WHERE scope = ?1;
 
 -- name: lane_peek
 -- args: scope, window ms, scope, instance, scope, instance, window ms,
--- instance, scope, node id, window ms, scope, lane. Reads a lane, and what its fair share is computed from:
--- holder, instance, token, acquired, renewed, expires (NULL when the lane
--- has no row), the lanes of scope held within the window, the instance's
--- unexpired lanes, the other live members that take lanes, the live
--- members with the same node id that started before the instance (a
--- duplicate NodeID), now.
+-- instance, scope, node id, window ms, instance, scope, instance, window
+-- ms, scope, lane. Reads a lane, and what its fair share is computed
+-- from: holder, instance, token, acquired, renewed, expires (NULL when the
+-- lane has no row), the lanes of scope held within the window, the
+-- instance's unexpired lanes, the other live members that take lanes, the
+-- live members with the same node id that started before the instance
+-- (a duplicate NodeID), the loads (below), now. The loads list, for each
+-- other live member that takes lanes, its unexpired lanes and whether its
+-- node id (then instance) sorts before the instance's ('b') or not ('a'):
+-- '2b,1a'; NULL when there is none. When the lanes do not divide evenly,
+-- the members that sort first hold one more.
 SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.expires_at,
        (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?1 AND renewed_at > c.now_ms - ?2),
        (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?3 AND instance = ?4 AND expires_at > c.now_ms),
@@ -229,9 +234,16 @@ SELECT l.holder, l.instance, l.fencing_token, l.acquired_at, l.renewed_at, l.exp
             WHERE o.scope = ?9 AND o.node_id = ?10 AND o.instance <> me.instance AND o.status = 'active'
               AND o.last_seen > c.now_ms - ?11
               AND (o.started_at < me.started_at OR (o.started_at = me.started_at AND o.instance < me.instance))),
+       (SELECT group_concat(x.n || x.b, ',') FROM (
+            SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                        AND h.expires_at > c.now_ms) AS n,
+                   CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+            FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = ?12
+            WHERE o.scope = ?13 AND o.instance <> ?14 AND o.status = 'active' AND o.takes_lanes = 1
+              AND o.last_seen > c.now_ms - ?15) x),
        c.now_ms
 FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) AS c
-LEFT JOIN {{prefix}}lanes l ON l.scope = ?12 AND l.lane = ?13;
+LEFT JOIN {{prefix}}lanes l ON l.scope = ?16 AND l.lane = ?17;
 
 -- name: lane_claim
 -- args: holder, instance, ttl ms, scope, lane, instance, timeout ms (unused:
@@ -277,18 +289,26 @@ WHERE scope = ?2 AND instance = ?3 AND expires_at > CAST(unixepoch('subsec') * 1
   AND expires_at > renewed_at;
 
 -- name: lane_report
--- args: scope, window ms, scope, instance, window ms, scope, scope,
--- instance. One row per unexpired lane of the instance (one row with NULL
--- lane columns when it has none): the lanes of scope held within the
--- window, the other live members that take lanes, the config version (NULL
--- when none), now, lane, token, acquired, expires.
+-- args: scope, window ms, scope, instance, window ms, instance, scope,
+-- instance, window ms, scope, scope, instance. One row per unexpired lane
+-- of the instance (one row with NULL lane columns when it has none): the
+-- lanes of scope held within the window, the other live members that take
+-- lanes, their loads (as in lane_peek), the config version (NULL when none), now, lane,
+-- token, acquired, expires.
 SELECT (SELECT count(*) FROM {{prefix}}lanes WHERE scope = ?1 AND renewed_at > c.now_ms - ?2),
        (SELECT count(*) FROM {{prefix}}nodes WHERE scope = ?3 AND instance <> ?4 AND status = 'active'
             AND takes_lanes = 1 AND last_seen > c.now_ms - ?5),
-       (SELECT config_version FROM {{prefix}}config WHERE scope = ?6),
+       (SELECT group_concat(x.n || x.b, ',') FROM (
+            SELECT (SELECT count(*) FROM {{prefix}}lanes h WHERE h.scope = o.scope AND h.instance = o.instance
+                        AND h.expires_at > c.now_ms) AS n,
+                   CASE WHEN o.node_id < me.node_id OR (o.node_id = me.node_id AND o.instance < me.instance) THEN 'b' ELSE 'a' END AS b
+            FROM {{prefix}}nodes o JOIN {{prefix}}nodes me ON me.scope = o.scope AND me.instance = ?6
+            WHERE o.scope = ?7 AND o.instance <> ?8 AND o.status = 'active' AND o.takes_lanes = 1
+              AND o.last_seen > c.now_ms - ?9) x),
+       (SELECT config_version FROM {{prefix}}config WHERE scope = ?10),
        c.now_ms, l.lane, l.fencing_token, l.acquired_at, l.expires_at
 FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now_ms) AS c
-LEFT JOIN {{prefix}}lanes l ON l.scope = ?7 AND l.instance = ?8 AND l.expires_at > c.now_ms;
+LEFT JOIN {{prefix}}lanes l ON l.scope = ?11 AND l.instance = ?12 AND l.expires_at > c.now_ms;
 
 -- name: lane_list
 -- args: scope. Every lane of scope, by key: lane, holder, instance, token,

@@ -9,9 +9,11 @@
 //
 //	go run ./examples/lanes
 //
-// A worker's transaction begins with ClaimLane: it claims the partition
-// (or renews this node's claim) and holds it until the transaction ends,
-// so a node that lost the partition cannot process its next item.
+// Each node runs WorkLanes, which claims the partitions it may own and
+// runs a function per owned partition. Each of that function's
+// transactions begins with ClaimLane: it renews this node's claim and
+// holds it until the transaction ends, so a node that lost the partition
+// cannot process its next item.
 package main
 
 import (
@@ -51,7 +53,7 @@ type node struct {
 	*cluster.Cluster
 	lease *sql.DB // the cluster's pool
 	app   *sql.DB // the worker's pool
-	stop  chan struct{}
+	stop  context.CancelFunc
 	done  sync.WaitGroup
 }
 
@@ -88,7 +90,7 @@ func main() {
 	fmt.Printf("Three nodes share %d partitions of %d items each; each processes only the partitions it owns.\n", len(partitions), itemsPer)
 	var nodes []*node
 	for _, id := range []string{"node-1", "node-2", "node-3"} {
-		n := &node{lease: open(dsn), app: open(dsn), stop: make(chan struct{})}
+		n := &node{lease: open(dsn), app: open(dsn)}
 		n.Cluster, err = cluster.New(ctx, cluster.Config{
 			NodeID:            id,
 			DB:                n.lease,
@@ -104,19 +106,23 @@ func main() {
 		nodes = append(nodes, n)
 	}
 	for _, n := range nodes {
-		n.done.Go(n.work)
+		wctx, stop := context.WithCancel(ctx)
+		n.stop = stop
+		n.done.Go(func() { n.work(wctx) })
 	}
+	waitFor(func() bool { return ownedBy(nodes, partitions) })
+	fmt.Printf("The partitions spread within one of even: %s %v, %s %v, %s %v.\n",
+		nodes[0].NodeID(), nodes[0].Lanes(), nodes[1].NodeID(), nodes[1].Lanes(), nodes[2].NodeID(), nodes[2].Lanes())
 	waitFor(func() bool { return processed(setup) >= int64(len(partitions)*itemsPer/4) })
 
 	leaving := busiest(nodes)
 	released := leaving.Lanes()
-	fmt.Printf("\n%s shuts down gracefully: its worker stops, then Shutdown releases %v.\n", leaving.NodeID(), released)
-	close(leaving.stop)
-	leaving.done.Wait() // stop the work before the lanes are released
+	fmt.Printf("\n%s shuts down gracefully: Shutdown stops its work on %v, waits for it, then releases them.\n", leaving.NodeID(), released)
 	start := time.Now()
 	if err := leaving.Shutdown(ctx); err != nil {
 		log.Fatal(err)
 	}
+	leaving.done.Wait()
 	rest := without(nodes, leaving)
 	waitFor(func() bool { return ownedBy(rest, released) })
 	fmt.Printf("The others own %v %v after the release.\n", released, time.Since(start).Round(10*time.Millisecond))
@@ -124,13 +130,13 @@ func main() {
 	waitFor(func() bool { return processed(setup) >= int64(len(partitions)*itemsPer/2) })
 	crashed := busiest(rest)
 	orphans := crashed.Lanes()
-	fmt.Printf("\n%s crashes while it owns %v: its worker stops and its pools close, so it neither renews nor releases them.\n",
+	fmt.Printf("\n%s crashes while it owns %v: its pools close, so it neither renews nor releases them.\n",
 		crashed.NodeID(), orphans)
-	close(crashed.stop)
-	crashed.done.Wait()
 	crashed.app.Close()
 	crashed.lease.Close()
 	crash := time.Now()
+	crashed.stop()
+	crashed.done.Wait()
 	last := without(rest, crashed)[0]
 	waitFor(func() bool { return ownedBy([]*node{last}, orphans) })
 	fmt.Printf("%s owns %v %v after the crash: they expired by the database clock (LeaseTTL %v),\n"+
@@ -138,7 +144,7 @@ func main() {
 		last.NodeID(), orphans, time.Since(crash).Round(10*time.Millisecond), leaseTTL, crashed.NodeID())
 
 	waitFor(func() bool { return processed(setup) == int64(len(partitions)*itemsPer) })
-	close(last.stop)
+	last.stop()
 	last.done.Wait()
 	last.Shutdown(ctx)
 	crashed.Shutdown(ctx) // its pool is closed: it can release nothing
@@ -156,86 +162,64 @@ func main() {
 	fmt.Println("Every item was processed once, in order per partition, and no partition's token ever went back.")
 }
 
-// work is a node's worker: it goes round the partitions it owns
-// (OwnsLane, a cheap hint) and, every fifth round, the others too, to take
-// those that are free; in each transaction it claims the partition and
-// processes its next item. A partition another node owns is refused at
-// the claim and skipped.
-func (n *node) work() {
-	ctx := context.Background()
-	tokens := map[string]uint64{}
-	for round := 0; ; round++ {
-		busy := false
-		for _, p := range partitions {
-			select {
-			case <-n.stop:
-				return
-			default:
-			}
-			if round%5 != 0 && !n.OwnsLane(p) {
-				continue
-			}
-			did, token, err := n.processNext(ctx, p)
+// work is a node's worker: WorkLanes claims the partitions this node may
+// own, spread over the nodes to within one of even, and runs a function
+// per owned partition until it is lost, handed over, or the node stops
+// (ctx, or Shutdown).
+func (n *node) work(ctx context.Context) {
+	n.WorkLanes(ctx, partitions, func(ctx context.Context, p string, token uint64) error {
+		say("%s works on %s (fencing token %d)", n.NodeID(), p, token)
+		for ctx.Err() == nil {
+			did, err := n.processNext(ctx, p)
 			switch {
 			case errors.Is(err, cluster.ErrLaneHeld), errors.Is(err, cluster.ErrLaneLimit):
-				if tokens[p] != 0 {
-					say("%s no longer owns %s: another node's now", n.NodeID(), p)
-					tokens[p] = 0
-				}
-				continue // another node's partition
+				return nil // no longer this node's: the claim refused it
 			case err != nil:
-				log.Printf("%s: %s: %v", n.NodeID(), p, err)
-				continue
+				return err
 			}
-			if token != tokens[p] {
-				say("%s claimed %s (fencing token %d)", n.NodeID(), p, token)
-				tokens[p] = token
-			}
+			wait := 20 * time.Millisecond // nothing to do: look again soon
 			if did {
-				busy = true
-				time.Sleep(5 * time.Millisecond) // the work, done outside the transaction
+				wait = 5 * time.Millisecond // the work, done outside the transaction
 			}
-		}
-		if !busy {
 			select {
-			case <-n.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
+			case <-time.After(wait):
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // processNext records partition p's next item as processed, in one
 // transaction that begins with ClaimLane, and reports whether there was
 // one. (On SQLite a transaction holds the database's one write lock, so
 // it stays short: the work itself happens between transactions.)
-func (n *node) processNext(ctx context.Context, p string) (bool, uint64, error) {
+func (n *node) processNext(ctx context.Context, p string) (bool, error) {
 	tx, err := n.app.BeginTx(ctx, nil)
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	defer tx.Rollback()
 	token, err := n.ClaimLane(ctx, tx, p) // first, in every transaction
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	var seq int64
 	err = tx.QueryRowContext(ctx, `SELECT seq FROM items WHERE partition = ? AND done_by IS NULL ORDER BY seq LIMIT 1`, p).Scan(&seq)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, token, tx.Commit()
+		return false, tx.Commit()
 	}
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE items SET done_by = ? WHERE partition = ? AND seq = ?`, n.NodeID(), p, seq); err != nil {
-		return false, 0, err
+		return false, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO processed (partition, seq, node, fencing_token) VALUES (?, ?, ?, ?)`,
 		p, seq, n.NodeID(), token); err != nil {
-		return false, 0, err
+		return false, err
 	}
-	return true, token, tx.Commit()
+	return true, tx.Commit()
 }
 
 // summary prints each partition's processing in commit order, by node and
