@@ -32,6 +32,9 @@ type Cluster struct {
 	instance string
 	events   *notifier
 
+	observeMu sync.Mutex                        // serializes Observe
+	observers atomic.Pointer[[]func(Operation)] // added by Observe; read by record without a lock
+
 	// term is the lease this node believes it holds, nil when it holds none.
 	// Written only under mu; read lock-free by IsLeader.
 	term    atomic.Pointer[term]
@@ -386,6 +389,21 @@ func (c *Cluster) NodeID() string {
 		return stdNodeID()
 	}
 	return c.cfg.NodeID
+}
+
+// LeaseName returns the lease this node campaigns for ([Config.LeaseName],
+// or [DefaultLeaseName]); on [Default], that of the member Init created,
+// or DefaultLeaseName when none did.
+func (c *Cluster) LeaseName() string {
+	if c.isDefault() {
+		if s := std.state.Load(); s != nil {
+			if m := s.member(); m != nil {
+				return m.LeaseName()
+			}
+		}
+		return DefaultLeaseName
+	}
+	return c.cfg.LeaseName
 }
 
 // Endpoint returns [Config.Endpoint]; on [Default], "" when no member is

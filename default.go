@@ -181,6 +181,9 @@ func Init(ctx context.Context, cfg Config) error {
 		for _, ch := range std.notify {
 			c.events.add(ch)
 		}
+		for _, f := range std.observe {
+			c.Observe(f)
+		}
 		in.c = c
 		if std.state.Load().kind == stdStarting {
 			setState(startingState(nodeID, c))
@@ -206,7 +209,7 @@ func Init(ctx context.Context, cfg Config) error {
 		std.mu.Unlock()
 		return err
 	}
-	std.notify = nil
+	std.notify, std.observe = nil, nil
 	setState(runningState(c))
 	std.mu.Unlock()
 	return nil
@@ -858,6 +861,25 @@ func stdWorkLanes(ctx context.Context, keys []string, fn func(ctx context.Contex
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-changed:
+		}
+	}
+}
+
+// stdObserve adds f to the default instance's observers; see
+// [Cluster.Observe]. Before [Init], or after one failed, f is added to the
+// member Init creates before it makes any provider call.
+func stdObserve(f func(Operation)) {
+	std.mu.Lock()
+	defer std.mu.Unlock()
+	s := std.state.Load()
+	switch {
+	case s != nil && s.kind == stdRunning:
+		s.c.Observe(f)
+	case s != nil && s.kind == stdDown:
+	default:
+		std.observe = append(std.observe, f)
+		if std.init != nil && std.init.c != nil {
+			std.init.c.Observe(f)
 		}
 	}
 }

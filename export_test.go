@@ -24,7 +24,7 @@ func ResetDefault() {
 	std.mu.Lock()
 	defer std.mu.Unlock()
 	setState(nil) // also ends single-node work
-	std.notify = nil
+	std.notify, std.observe = nil, nil
 	std.init = nil
 }
 

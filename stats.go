@@ -68,7 +68,7 @@ func outcomeOf(kind OpKind, err error) Outcome {
 }
 
 // record records a provider call that started at start (mono) and
-// reports it to Config.Observer.
+// reports it to Config.Observer and the observers added by Observe.
 func (c *Cluster) record(kind OpKind, start int64, err error) {
 	d := time.Duration(mono() - start)
 	o := outcomeOf(kind, err)
@@ -80,9 +80,38 @@ func (c *Cluster) record(kind OpKind, start int64, err error) {
 		c.stats.renewLatency.Store(int64(d))
 	}
 	c.stats.recent.add(o == OutcomeError)
+	op := Operation{Kind: kind, Outcome: o, Duration: d, Err: err}
 	if f := c.cfg.Observer; f != nil {
-		f(Operation{Kind: kind, Outcome: o, Duration: d, Err: err})
+		f(op)
 	}
+	if fs := c.observers.Load(); fs != nil {
+		for _, f := range *fs {
+			f(op)
+		}
+	}
+}
+
+// Observe adds f to the functions called after every provider call this
+// node makes, as [Config.Observer] is, from the next call on: for metrics
+// wired after New (clusterprom.Register). f must return quickly and must
+// not block. A nil f is ignored. The default instance's Observe before
+// [Init] adds f to the member Init creates.
+func (c *Cluster) Observe(f func(Operation)) {
+	if f == nil {
+		return
+	}
+	if c.isDefault() {
+		stdObserve(f)
+		return
+	}
+	c.observeMu.Lock()
+	defer c.observeMu.Unlock()
+	var fs []func(Operation)
+	if old := c.observers.Load(); old != nil {
+		fs = append(fs, *old...)
+	}
+	fs = append(fs, f)
+	c.observers.Store(&fs)
 }
 
 // Stats is a snapshot of a node's leadership and its history, for metrics

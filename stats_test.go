@@ -124,3 +124,44 @@ func TestObserverOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// Observe adds observers after New, beside Config.Observer; one added to
+// the default instance before Init sees the member's first acquisition.
+func TestObserve(t *testing.T) {
+	t.Run("member", func(t *testing.T) {
+		t.Parallel()
+		var first, later opLog
+		cfg := fakeConfig(t, "a", &fakeProvider{})
+		cfg.Observer = first.add
+		c, err := cluster.New(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Shutdown(context.Background()) })
+		c.Observe(later.add)
+		c.Observe(nil)
+		waitFor(t, 2*time.Second, "renewals seen by the observer added after New", func() bool {
+			return later.count(cluster.OpRenew, cluster.OutcomeOK) >= 2
+		})
+		if later.count(cluster.OpAcquire, cluster.OutcomeOK) != 0 {
+			t.Error("an observer added after New saw New's acquisition")
+		}
+		if first.count(cluster.OpAcquire, cluster.OutcomeOK) != 1 || first.count(cluster.OpRenew, cluster.OutcomeOK) < 2 {
+			t.Error("Config.Observer stopped seeing the calls once another was added")
+		}
+	})
+	t.Run("default before Init", func(t *testing.T) {
+		useDefault(t)
+		var ops opLog
+		cluster.Default().Observe(ops.add)
+		if err := cluster.Init(context.Background(), fakeConfig(t, "n1", leaderProvider())); err != nil {
+			t.Fatal(err)
+		}
+		if n := ops.count(cluster.OpAcquire, cluster.OutcomeOK); n != 1 {
+			t.Fatalf("the observer added before Init saw %d acquisitions, want 1", n)
+		}
+		if cluster.Default().LeaseName() != cluster.DefaultLeaseName {
+			t.Fatalf("LeaseName = %q", cluster.Default().LeaseName())
+		}
+	})
+}
