@@ -2,13 +2,11 @@ module github.com/sqlfence/cluster/chaos
 
 go 1.26.0
 
-replace github.com/sqlfence/cluster => ../
-
 require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqlfence/cluster v0.0.0
+	github.com/sqlfence/cluster v0.0.0-20261207014100-1a09a88c22f7
 	golang.org/x/sys v0.50.0
 	modernc.org/sqlite v1.62.0
 )

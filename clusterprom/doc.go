@@ -4,9 +4,16 @@
 //
 // # Use
 //
-// A [Metrics] belongs to one node. Make it from the node's Config, set its
-// Observe method as the Config's Observer, create the Cluster, Watch it,
-// and register the Metrics:
+// A [Metrics] belongs to one node. [Register] wires it in one call, after
+// New or Init:
+//
+//	c, err := cluster.New(ctx, cfg) // or cluster.Init, then c := cluster.Default()
+//	...
+//	m, err := clusterprom.Register(prometheus.DefaultRegisterer, c)
+//
+// To count the calls New makes before it returns (the first acquisition),
+// wire it by hand instead: make it from the Config, set its Observe method
+// as the Config's Observer, create the Cluster, Watch it, and register it:
 //
 //	m := clusterprom.New(cfg)
 //	cfg.Observer = m.Observe

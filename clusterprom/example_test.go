@@ -2,6 +2,7 @@ package clusterprom_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"os"
 	"slices"
@@ -62,4 +63,44 @@ func Example() {
 	// # HELP sqlfence_cluster_leader Whether this node leads: 1 while it holds the lease and its trust window is open, 0 otherwise.
 	// # TYPE sqlfence_cluster_leader gauge
 	// sqlfence_cluster_leader{lease="jobs",node_id="node-1"} 1
+}
+
+// Register wires a running node's metrics in one call.
+func ExampleRegister() {
+	ctx := context.Background()
+	c, err := cluster.New(ctx, cluster.Config{
+		NodeID:            "node-1",
+		Provider:          providertest.NewMemory(nil), // DB: db in production
+		LeaseTTL:          time.Second,
+		HeartbeatInterval: 100 * time.Millisecond,
+		FenceTimeout:      700 * time.Millisecond,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+	reg := prometheus.NewRegistry() // prometheus.DefaultRegisterer in a service
+	if _, err := clusterprom.Register(reg, c); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := clusterprom.Register(reg, c); err != nil {
+		fmt.Println("twice:", err != nil)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	enc := expfmt.NewEncoder(os.Stdout, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range families {
+		if f.GetName() == "sqlfence_cluster_leader" {
+			if err := enc.Encode(f); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	// Output:
+	// twice: true
+	// # HELP sqlfence_cluster_leader Whether this node leads: 1 while it holds the lease and its trust window is open, 0 otherwise.
+	// # TYPE sqlfence_cluster_leader gauge
+	// sqlfence_cluster_leader{lease="leader",node_id="node-1"} 1
 }

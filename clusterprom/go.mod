@@ -2,13 +2,11 @@ module github.com/sqlfence/cluster/clusterprom
 
 go 1.26.0
 
-replace github.com/sqlfence/cluster => ../
-
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
-	github.com/sqlfence/cluster v0.0.0
+	github.com/sqlfence/cluster v0.0.0-20261207014100-1a09a88c22f7
 	go.uber.org/goleak v1.3.0
 )
 

@@ -109,6 +109,25 @@ func New(cfg cluster.Config) *Metrics {
 	return m
 }
 
+// Register exports the metrics of c to reg in one call, after [cluster.New]
+// or [cluster.Init] (with cluster.Default()): it makes c's Metrics, with
+// the labels node_id and lease of c, has c report every provider call it
+// makes from now on to them ([cluster.Cluster.Observe]), has every scrape
+// read c's Stats ([Metrics.Watch]), and registers them with reg. It
+// returns the registry's error, such as a duplicate registration of the
+// same node and lease, and then changes nothing. Calls made before
+// Register are not counted; to count New's first acquisition too, wire the
+// Metrics by hand: see [New].
+func Register(reg prometheus.Registerer, c *cluster.Cluster) (*Metrics, error) {
+	m := New(cluster.Config{NodeID: c.NodeID(), LeaseName: c.LeaseName()})
+	m.Watch(c)
+	if err := reg.Register(m); err != nil {
+		return nil, err
+	}
+	c.Observe(m.Observe)
+	return m, nil
+}
+
 // Observe records op: it counts it by kind and outcome and records its
 // latency. Set it as [cluster.Config.Observer]. It returns at once, as an
 // Observer must: it runs on the goroutine that made the call, the

@@ -344,3 +344,53 @@ func TestLanes(t *testing.T) {
 	}
 	lint(t, reg)
 }
+
+// Register wires a Cluster made without an Observer: its renewals are
+// counted from then on, its Stats read on every scrape; the default
+// instance's too, after Init.
+func TestRegister(t *testing.T) {
+	store := providertest.NewMemory(nil)
+	a := startNode(t, store, "a")
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := clusterprom.Register(reg, a.Cluster); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"node_id": "a", "lease": cluster.DefaultLeaseName}
+	deadline := time.Now().Add(5 * time.Second)
+	for value(t, reg, "sqlfence_cluster_operations_total", with(labels, "op", "renew", "outcome", "ok")) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal counted within 5s of Register")
+		}
+		time.Sleep(heartbeatInterval)
+	}
+	if v := value(t, reg, "sqlfence_cluster_leader", labels); v != 1 {
+		t.Errorf("sqlfence_cluster_leader = %v, want 1", v)
+	}
+	if _, err := clusterprom.Register(reg, a.Cluster); err == nil {
+		t.Error("a second Register of the same node and lease succeeded")
+	}
+	lint(t, reg)
+
+	// The default instance, after Init.
+	ctx := context.Background()
+	if err := cluster.Init(ctx, cluster.Config{NodeID: "d", LeaseName: "jobs", Provider: providertest.NewMemory(nil),
+		LeaseTTL: leaseTTL, HeartbeatInterval: heartbeatInterval, FenceTimeout: fenceTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Shutdown(ctx)
+	dreg := prometheus.NewPedanticRegistry()
+	if _, err := clusterprom.Register(dreg, cluster.Default()); err != nil {
+		t.Fatal(err)
+	}
+	dl := map[string]string{"node_id": "d", "lease": "jobs"}
+	deadline = time.Now().Add(5 * time.Second)
+	for value(t, dreg, "sqlfence_cluster_operations_total", with(dl, "op", "renew", "outcome", "ok")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal of the default instance counted within 5s of Register")
+		}
+		time.Sleep(heartbeatInterval)
+	}
+	if v := value(t, dreg, "sqlfence_cluster_leader", dl); v != 1 {
+		t.Errorf("the default instance's sqlfence_cluster_leader = %v, want 1", v)
+	}
+}
