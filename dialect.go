@@ -76,8 +76,8 @@ type queries struct {
 	StateInsert     string `sql:"state_insert"`     // scope, fingerprint, node
 	StateRead       string `sql:"state_read"`       // scope
 	StateRotate     string `sql:"state_rotate"`     // new fingerprint, node, scope, old fingerprint
-	NodeRecycle     string `sql:"node_recycle"`     // instance, node id, host, pid, endpoint, scope, retention ms, crashed retention ms
-	NodeJoin        string `sql:"node_join"`        // scope, instance, node id, host, pid, endpoint
+	NodeRecycle     string `sql:"node_recycle"`     // instance, node id, host, pid, endpoint, timeout ms, scope, retention ms, crashed retention ms
+	NodeJoin        string `sql:"node_join"`        // scope, instance, node id, host, pid, endpoint, timeout ms
 	NodeSeen        string `sql:"node_seen"`        // scope, instance
 	NodeRow         string `sql:"node_row"`         // scope, instance
 	NodeLeave       string `sql:"node_leave"`       // scope, instance

@@ -96,12 +96,13 @@ func (d *mySQL) lockSchema(ctx context.Context, conn provider.Querier, prefix st
 	}, nil
 }
 
-// ddlErrorOK keeps an existing trigger (error 1359): MySQL DDL is not
-// transactional, so triggers carry their version in their names, and a
-// schema applied again finds them there.
+// ddlErrorOK keeps an existing trigger (error 1359) or column (1060):
+// MySQL DDL is not transactional, so triggers carry their version in
+// their names, and a schema applied again finds them, and the columns a
+// version added, there.
 func (d *mySQL) ddlErrorOK(err error) bool {
 	var my *mysql.MySQLError
-	return errors.As(err, &my) && my.Number == 1359
+	return errors.As(err, &my) && (my.Number == 1359 || my.Number == 1060)
 }
 
 // acquire reads the lease row first, without locking it, and stops there

@@ -172,7 +172,7 @@ func (d *postgres) classify(err error) (kind error, hint, guard string) {
 	case code == "42P01" || code == "42703":
 		return ErrSchema, "the cluster tables are missing or altered; restart a node so New recreates them", ""
 	case code == "42883":
-		return ErrSchema, "a function of the cluster schema is missing ; run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
+		return ErrSchema, "a function of the cluster schema is missing; run clusterctl migrate, or restart a node with DDL rights so New upgrades the tables", ""
 	case code == "42501":
 		return nil, "permission denied: the role needs SELECT, INSERT and UPDATE on the cluster tables and EXECUTE on their functions (docs/guarantees.md, What an operator must configure)", ""
 	case code == "42601":

@@ -52,7 +52,12 @@ func (d *sqlite) lockSchema(ctx context.Context, conn provider.Querier, _ string
 	return func(ok bool) error { return endTx(background, conn, ok) }, nil
 }
 
-func (d *sqlite) ddlErrorOK(error) bool { return false }
+// ddlErrorOK keeps a column a version added (SQLite has no ADD COLUMN IF
+// NOT EXISTS): the schema file, applied to tables of an older version that
+// already had it, finds it there.
+func (d *sqlite) ddlErrorOK(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "duplicate column name")
+}
 
 func (d *sqlite) acquire(ctx context.Context, conn provider.Querier, req provider.LeaseRequest) (bool, row, error) {
 	var r row

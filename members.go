@@ -70,7 +70,8 @@ func (c *Cluster) join(ctx context.Context) error {
 // join's, and joinAgain's, one statement.
 func (c *Cluster) recordMembership(ctx context.Context, timeout time.Duration) error {
 	host, _ := os.Hostname()
-	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint}
+	m := Member{NodeID: c.cfg.NodeID, Instance: c.instance, Host: host, PID: os.Getpid(), Endpoint: c.cfg.Endpoint,
+		Timeout: c.memberTimeout()}
 	jctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.members.Join(jctx, c.cfg.LeaseName, m); err != nil {

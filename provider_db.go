@@ -19,7 +19,7 @@ import (
 // SchemaVersion is the version of the cluster tables this package writes.
 // [New] refuses a database whose tables carry a newer version, and runs no
 // DDL at all when they carry this one.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // schemaLockTimeout bounds how long schema changes wait for the cluster
 // tables while a transaction (a fenced one, say) holds them.
@@ -706,7 +706,7 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 	}
 	defer release()
 	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeRecycle, statementLimit(ctx)),
-		m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, scope, leftRetention.Milliseconds(), crashedRetention.Milliseconds())
+		m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, m.Timeout.Milliseconds(), scope, leftRetention.Milliseconds(), crashedRetention.Milliseconds())
 	if err == nil && n == 1 {
 		return nil
 	}
@@ -718,7 +718,7 @@ func (p *DBProvider) Join(ctx context.Context, scope string, m Member) error {
 		// second Join, after one whose answer was lost) is a key
 		// conflict, which node_join updates.
 	}
-	if _, jerr := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint); jerr != nil {
+	if _, jerr := conn.Exec(ctx, p.d.bound(p.q.NodeJoin, statementLimit(ctx)), scope, m.Instance, m.NodeID, m.Host, int64(m.PID), m.Endpoint, m.Timeout.Milliseconds()); jerr != nil {
 		if err != nil {
 			jerr = errors.Join(jerr, err)
 		}
@@ -789,7 +789,7 @@ func (p *DBProvider) Forget(ctx context.Context, scope, nodeID string, timeout t
 		return 0, p.wrap(fmt.Sprintf("read the membership of node %q", nodeID), err)
 	}
 	if live > 0 {
-		return 0, fmt.Errorf("%w: node %q of lease %q has %d process(es) seen within %v: stop it first, or wait until it goes unseen", ErrMemberLive, nodeID, scope, live, timeout)
+		return 0, fmt.Errorf("%w: node %q of lease %q has %d process(es) seen within their node timeout (LeaseTTL and three heartbeats; %v for a row that recorded none): stop it first, or wait until it goes unseen", ErrMemberLive, nodeID, scope, live, timeout)
 	}
 	n, err := conn.Exec(ctx, p.d.bound(p.q.NodeForget, statementLimit(ctx)), scope, nodeID, ms)
 	if err != nil {
@@ -803,7 +803,7 @@ func (p *DBProvider) Forget(ctx context.Context, scope, nodeID string, timeout t
 func (p *DBProvider) SeenByLease() bool { return p.d.seenByLease() }
 
 // Members implements [provider.MemberStore].
-func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Duration) ([]Member, error) {
+func (p *DBProvider) Members(ctx context.Context, scope string, fallback time.Duration) ([]Member, error) {
 	conn, release, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -816,15 +816,20 @@ func (p *DBProvider) Members(ctx context.Context, scope string, timeout time.Dur
 	var out []Member
 	for rows.next() {
 		var m Member
-		var pid, started, seen, leads, now int64
-		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &leads, &now); err != nil {
+		var pid, started, seen, timeout, leads, now int64
+		if err := rows.scan(&m.NodeID, &m.Instance, &m.Host, &pid, &m.Endpoint, &started, &seen, &m.Status, &timeout, &leads, &now); err != nil {
 			rows.close()
 			return nil, p.wrap("read members", err)
 		}
 		m.PID, m.Leader = int(pid), leads == 1
 		m.StartedAt, m.LastSeen = time.UnixMilli(started), time.UnixMilli(seen)
 		m.SeenAgo = time.Duration(max(now-seen, 0)) * time.Millisecond
-		m.Live = m.Status == "active" && m.SeenAgo < timeout
+		m.Timeout = time.Duration(timeout) * time.Millisecond
+		judge := m.Timeout
+		if judge <= 0 {
+			judge = fallback // a row written before members recorded theirs
+		}
+		m.Live = m.Status == "active" && m.SeenAgo < judge
 		out = append(out, m)
 	}
 	if err := rows.close(); err != nil {

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -159,6 +160,63 @@ func TestSchemaUpgradeToNextVersion(t *testing.T) {
 		}
 		if err := old.Init(ctx); !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), "newer") {
 			t.Fatalf("Init of a version-%d build on version-%d tables = %v; want ErrSchema saying they are newer", cluster.SchemaVersion, next, err)
+		}
+	})
+}
+
+// Tables at version 1 (before members recorded their node timeout) are
+// upgraded to version 2 by New, on every dialect: the column is added, the
+// rows of older nodes keep 0 (judged by the reader's timeout), and a node
+// that joins records its own.
+func TestSchemaUpgradeFromVersion1(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		db := tg.Open(t)
+		p, err := cluster.NewDBProvider(db, tg.Dialect, tg.Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v1 []string
+		for _, line := range strings.Split(cluster.SchemaDDL(tg.Dialect, tg.Prefix), "\n") {
+			if !strings.Contains(line, "ADD COLUMN") {
+				v1 = append(v1, line)
+			}
+		}
+		if err := cluster.MigrateTo(ctx, p, 1, strings.Join(v1, "\n")); err != nil {
+			t.Fatalf("create version 1: %v", err)
+		}
+		if _, err := db.ExecContext(ctx, "SELECT timeout_ms FROM "+tg.Prefix+"nodes"); err == nil {
+			t.Fatal("version 1 tables already have timeout_ms: the test does not build version 1")
+		}
+		// An older node's row, seen just now (a row seen long ago would be
+		// taken over by the next join).
+		now := time.Now().UnixMilli()
+		old := fmt.Sprintf("INSERT INTO %snodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status) VALUES ('leader', 'old-1', 'old', 'h', 1, '', %d, %d, 'active')", tg.Prefix, now, now)
+		if _, err := db.ExecContext(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+
+		a := startOn(t, tg, db, "a") // New upgrades
+		var version int64
+		if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+tg.Prefix+"schema_version").Scan(&version); err != nil || version != cluster.SchemaVersion {
+			t.Fatalf("schema version after New = %d (%v), want %d", version, err, cluster.SchemaVersion)
+		}
+		ms, err := a.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := testdb.LeaseTTL + 3*testdb.Heartbeat
+		for _, m := range ms {
+			switch {
+			case m.NodeID == "old" && (m.Timeout != 0 || !m.Live):
+				t.Errorf("the older node's row: timeout %v, live %v; want 0, and live by a's timeout", m.Timeout, m.Live)
+			case m.NodeID == "a" && (m.Timeout != want || !m.Live):
+				t.Errorf("a's row: timeout %v, live %v; want %v and live", m.Timeout, m.Live, want)
+			}
+		}
+		if len(ms) != 2 {
+			t.Fatalf("members = %+v, want old and a", ms)
 		}
 	})
 }

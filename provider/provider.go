@@ -208,7 +208,7 @@ type (
 // cluster's membership, one row per node process (see cluster.Cluster.Members).
 type MemberStore interface {
 	// Join records this node process as an active member of scope (the
-	// lease name), seen now.
+	// lease name), seen now, with its node timeout (m.Timeout).
 	Join(ctx context.Context, scope string, m Member) error
 	// Seen refreshes the member's last_seen. When the instance has no
 	// row in scope (it was removed or taken over while the member went
@@ -217,9 +217,10 @@ type MemberStore interface {
 	Seen(ctx context.Context, scope, instance string) error
 	// Leave marks the member as left.
 	Leave(ctx context.Context, scope, instance string) error
-	// Members lists the members of scope; those not seen within timeout,
-	// by the store's clock, are not Live. At most one member Leads: the
-	// one the lease names while its term is unexpired.
+	// Members lists the members of scope. A member is Live while active
+	// and seen, by the store's clock, within the Timeout it recorded when
+	// it joined, or within timeout when it recorded none. At most one
+	// member Leads: the one the lease names while its term is unexpired.
 	Members(ctx context.Context, scope string, timeout time.Duration) ([]Member, error)
 	// SeenByLease reports whether Acquire and Renew refresh the caller's
 	// last_seen themselves, in the same statement, so that Seen need not
@@ -243,7 +244,12 @@ type Member struct {
 	SeenAgo time.Duration `json:"-"`
 	// Status is "active" while the process runs, "left" once it shut down.
 	Status string `json:"status"`
-	// Live reports an active member seen within the node timeout.
+	// Timeout is the member's node timeout, which it records when it
+	// joins: its LeaseTTL and three heartbeats. Live is judged by it, so
+	// every reader agrees whatever its own settings; 0 in a row written by
+	// a store that does not record it, which readers judge by their own.
+	Timeout time.Duration `json:"-"`
+	// Live reports an active member seen within its node timeout.
 	Live bool `json:"live"`
 	// Leader reports the member whose term the lease row names, unexpired.
 	Leader bool `json:"leader"`

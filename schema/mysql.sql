@@ -1,5 +1,5 @@
 -- sqlfence/cluster schema for MySQL 8.0 and MariaDB 10.5 or later (InnoDB),
--- version 1. {{prefix}} is replaced by Config.TablePrefix (validated,
+-- version 2. {{prefix}} is replaced by Config.TablePrefix (validated,
 -- default "cluster_"). Times are unix milliseconds by the database clock,
 -- UTC_TIMESTAMP(6). A statement ends at a line that starts in column 0 and
 -- ends with ";".
@@ -223,6 +223,13 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     PRIMARY KEY (scope, instance),
     CONSTRAINT {{prefix}}nodes_status CHECK (status IN ('active', 'left'))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- Version 2: every member records its node timeout (its LeaseTTL and three
+-- heartbeats, in ms), by which its own liveness is judged, so every reader
+-- (Members, MembersHandler, clusterctl) agrees; 0 in a row written before.
+-- MySQL 8 has no ADD COLUMN IF NOT EXISTS: New takes error 1060
+-- (duplicate column name) for the column being there already.
+ALTER TABLE {{prefix}}nodes ADD COLUMN timeout_ms BIGINT NOT NULL DEFAULT 0;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at,

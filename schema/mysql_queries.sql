@@ -226,8 +226,8 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 {{verb}} /*+ SET_VAR(innodb_lock_wait_timeout={{lock_wait}}) MAX_EXECUTION_TIME({{ms}}) */ {{rest}};
 
 -- name: node_recycle
--- args: instance, node id, host, pid, endpoint, scope, retention ms,
--- crashed retention ms (this order on every dialect, MySQL's placeholders
+-- args: instance, node id, host, pid, endpoint, timeout ms, scope,
+-- retention ms, crashed retention ms (this order on every dialect, MySQL's placeholders
 -- being positional). A joining node takes over the row of a member of the
 -- scope that left (Shutdown) longer than the retention ago, or that was
 -- last seen longer than the crashed retention ago while still marked
@@ -237,7 +237,7 @@ SET STATEMENT max_statement_time={{seconds}}, innodb_lock_wait_timeout={{lock_wa
 -- its row gone (node_seen updates no row) and joins again. No row
 -- updated: node_join adds one.
 UPDATE {{prefix}}nodes
-SET instance = ?, node_id = ?, host = ?, pid = ?, endpoint = ?,
+SET instance = ?, node_id = ?, host = ?, pid = ?, endpoint = ?, timeout_ms = ?,
     started_at = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     last_seen = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000,
     status = 'active', takes_lanes = 0
@@ -247,12 +247,12 @@ WHERE scope = ?
 ORDER BY last_seen, instance LIMIT 1;
 
 -- name: node_join
--- args: scope, instance, node id, host, pid, endpoint.
-INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
-VALUES (?, ?, ?, ?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, 'active')
+-- args: scope, instance, node id, host, pid, endpoint, timeout ms.
+INSERT INTO {{prefix}}nodes (scope, instance, node_id, host, pid, endpoint, timeout_ms, started_at, last_seen, status)
+VALUES (?, ?, ?, ?, ?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000, 'active')
 ON DUPLICATE KEY UPDATE
     node_id = VALUES(node_id), host = VALUES(host), pid = VALUES(pid), endpoint = VALUES(endpoint),
-    last_seen = VALUES(last_seen), status = 'active';
+    timeout_ms = VALUES(timeout_ms), last_seen = VALUES(last_seen), status = 'active';
 
 -- name: node_seen
 -- args: scope, instance.
@@ -273,9 +273,10 @@ WHERE scope = ? AND instance = ?;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now. The
--- lease row decides who leads: at most one member does.
-SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
+-- last seen, status, timeout ms, leads (the lease row names it,
+-- unexpired), now. The lease row decides who leads: at most one member
+-- does.
+SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status, n.timeout_ms,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 THEN 1 ELSE 0 END,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
@@ -472,13 +473,16 @@ ON DUPLICATE KEY UPDATE
 
 -- name: node_live
 -- args: scope, node id, timeout ms. Counts the live rows of a node id: active
--- and seen within the timeout, by the database clock.
+-- and seen within the row's own timeout (the given one for a row without),
+-- by the database clock.
 SELECT count(*) FROM {{prefix}}nodes
-WHERE scope = ? AND node_id = ? AND status = 'active' AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?;
+WHERE scope = ? AND node_id = ? AND status = 'active'
+  AND last_seen > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - CASE WHEN timeout_ms > 0 THEN timeout_ms ELSE ? END;
 
 -- name: node_forget
 -- args: scope, node id, timeout ms. Deletes the rows of a node id that are
--- not live: left, or not seen within the timeout. A live row stays, however
--- the call raced with it.
+-- not live (as node_live judges). A live row stays, however the call raced
+-- with it.
 DELETE FROM {{prefix}}nodes
-WHERE scope = ? AND node_id = ? AND (status <> 'active' OR last_seen <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - ?);
+WHERE scope = ? AND node_id = ?
+  AND (status <> 'active' OR last_seen <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 - CASE WHEN timeout_ms > 0 THEN timeout_ms ELSE ? END);

@@ -234,8 +234,8 @@ SELECT COALESCE(
 SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text, true);
 
 -- name: node_recycle
--- args: instance, node id, host, pid, endpoint, scope, retention ms,
--- crashed retention ms (this order on every dialect, MySQL's placeholders
+-- args: instance, node id, host, pid, endpoint, timeout ms, scope,
+-- retention ms, crashed retention ms (this order on every dialect, MySQL's placeholders
 -- being positional). A joining node takes over the row of a member of the
 -- scope that left (Shutdown) longer than the retention ago, or that was
 -- last seen longer than the crashed retention ago while still marked
@@ -245,23 +245,23 @@ SELECT pg_advisory_xact_lock(hashtext($1)), set_config('lock_timeout', $2::text,
 -- its row gone (Seen, where it runs, reports it and the node joins again).
 -- No row updated: node_join adds one.
 UPDATE {{prefix}}nodes AS m
-SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5,
+SET instance = $1, node_id = $2, host = $3, pid = $4, endpoint = $5, timeout_ms = $6,
     started_at = c.now_ms, last_seen = c.now_ms, status = 'active', takes_lanes = 0
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 WHERE (m.scope, m.instance) = (
     SELECT o.scope, o.instance FROM {{prefix}}nodes o
-    WHERE o.scope = $6
-      AND (o.status = 'left' AND o.last_seen < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $7::bigint
-        OR o.status = 'active' AND o.last_seen < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $8::bigint)
+    WHERE o.scope = $7
+      AND (o.status = 'left' AND o.last_seen < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $8::bigint
+        OR o.status = 'active' AND o.last_seen < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $9::bigint)
     ORDER BY o.last_seen, o.instance LIMIT 1 FOR UPDATE SKIP LOCKED);
 
 -- name: node_join
--- args: scope, instance, node id, host, pid, endpoint.
-INSERT INTO {{prefix}}nodes AS m (scope, instance, node_id, host, pid, endpoint, started_at, last_seen, status)
-VALUES ($1, $2, $3, $4, $5, $6, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active')
+-- args: scope, instance, node id, host, pid, endpoint, timeout ms.
+INSERT INTO {{prefix}}nodes AS m (scope, instance, node_id, host, pid, endpoint, timeout_ms, started_at, last_seen, status)
+VALUES ($1, $2, $3, $4, $5, $6, $7, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'active')
 ON CONFLICT (scope, instance) DO UPDATE SET
     node_id = excluded.node_id, host = excluded.host, pid = excluded.pid, endpoint = excluded.endpoint,
-    last_seen = excluded.last_seen, status = 'active';
+    timeout_ms = excluded.timeout_ms, last_seen = excluded.last_seen, status = 'active';
 
 -- name: node_seen
 -- args: scope, instance.
@@ -280,9 +280,10 @@ WHERE scope = $1 AND instance = $2;
 
 -- name: members
 -- args: scope. Returns node id, instance, host, pid, endpoint, started at,
--- last seen, status, leads (the lease row names it, unexpired), now. The
--- lease row decides who leads: at most one member does.
-SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status,
+-- last seen, status, timeout ms, leads (the lease row names it,
+-- unexpired), now. The lease row decides who leads: at most one member
+-- does.
+SELECT n.node_id, n.instance, n.host, n.pid, n.endpoint, n.started_at, n.last_seen, n.status, n.timeout_ms,
        CASE WHEN l.holder = n.node_id AND l.instance = n.instance AND l.expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1 ELSE 0 END,
        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 FROM {{prefix}}nodes n LEFT JOIN {{prefix}}lease l ON l.name = n.scope
@@ -517,13 +518,16 @@ RETURNING config_version;
 
 -- name: node_live
 -- args: scope, node id, timeout ms. Counts the live rows of a node id: active
--- and seen within the timeout, by the database clock.
+-- and seen within the row's own timeout (the given one for a row without),
+-- by the database clock.
 SELECT count(*) FROM {{prefix}}nodes
-WHERE scope = $1 AND node_id = $2 AND status = 'active' AND last_seen > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $3::bigint;
+WHERE scope = $1 AND node_id = $2 AND status = 'active'
+  AND last_seen > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - CASE WHEN timeout_ms > 0 THEN timeout_ms ELSE $3::bigint END;
 
 -- name: node_forget
 -- args: scope, node id, timeout ms. Deletes the rows of a node id that are
--- not live: left, or not seen within the timeout. A live row stays, however
--- the call raced with it.
+-- not live (as node_live judges). A live row stays, however the call raced
+-- with it.
 DELETE FROM {{prefix}}nodes
-WHERE scope = $1 AND node_id = $2 AND (status <> 'active' OR last_seen <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - $3::bigint);
+WHERE scope = $1 AND node_id = $2
+  AND (status <> 'active' OR last_seen <= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - CASE WHEN timeout_ms > 0 THEN timeout_ms ELSE $3::bigint END);

@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for SQLite 3.42 or later, version 1.
+-- sqlfence/cluster schema for SQLite 3.42 or later, version 2.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_").
 -- Times are unix milliseconds by the clock of the host that writes them.
 -- A statement ends at a line that starts in column 0 and ends with ";".
@@ -241,6 +241,13 @@ CREATE TABLE IF NOT EXISTS {{prefix}}nodes (
     takes_lanes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, instance)
 );
+
+-- Version 2: every member records its node timeout (its LeaseTTL and three
+-- heartbeats, in ms), by which its own liveness is judged, so every reader
+-- (Members, MembersHandler, clusterctl) agrees; 0 in a row written before.
+-- SQLite has no ADD COLUMN IF NOT EXISTS: New takes "duplicate column
+-- name" for the column being there already.
+ALTER TABLE {{prefix}}nodes ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 0;
 
 -- Lanes: partitioned work. One row per lane key of a lease name (scope),
 -- naming the node process (instance) that owns the lane until expires_at

@@ -60,7 +60,7 @@ func runStatus(ctx context.Context, e *env) error {
 	}
 
 	if e.opts.json {
-		out := statusJSON{Lease: name, FencingToken: token, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms)}
+		out := statusJSON{Lease: name, FencingToken: token, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: e.membersJSON(ms)}
 		if l != nil {
 			out.Leader = &leaderJSON{NodeID: l.NodeID, FencingToken: l.FencingToken,
 				LeaseExpiresAt: l.LeaseExpiresAt.UnixMilli(), RemainingMs: max(l.LeaseExpiresAt.Sub(now), 0).Milliseconds()}
@@ -103,7 +103,7 @@ func runMembers(ctx context.Context, e *env) error {
 		return err
 	}
 	if e.opts.json {
-		return e.printJSON(membersOutput{Lease: e.opts.lease, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: membersJSON(ms)})
+		return e.printJSON(membersOutput{Lease: e.opts.lease, NodeTimeoutMs: e.opts.nodeTimeout.Milliseconds(), Members: e.membersJSON(ms)})
 	}
 	return e.printMembers(ms)
 }

@@ -92,9 +92,11 @@ Flags:
   -timeout DURATION   bound on the command's database work (default 10s);
                       not for schema
   -json               print one JSON document; not for schema
-  -node-timeout DUR   status, members, forget: a member not seen for this long, by
-                      the database clock, is not live (default 60s, the
-                      library's for LeaseTTL 30s and heartbeat 10s)
+  -node-timeout DUR   status, members, forget: a member is live while the
+                      database saw it within the node timeout it recorded
+                      (its LeaseTTL and three heartbeats); this one judges
+                      a row that recorded none (default 60s, the library's
+                      for LeaseTTL 30s and heartbeat 10s)
   -lane KEY           release: end the claim on lane KEY, not the lease's
                       term
   -force              release: required

@@ -327,7 +327,7 @@ func TestStatusReleaseRetire(t *testing.T) {
 		if err := json.Unmarshal(raw["members"], &members); err != nil || len(members) == 0 {
 			t.Fatalf("status -json members: %v", err)
 		}
-		if got, want := keys(t, members[0]), []string{"endpoint", "host", "instance", "lastSeen", "lastSeenAgoMs", "leader", "live", "nodeId", "pid", "startedAt", "status"}; !slices.Equal(got, want) {
+		if got, want := keys(t, members[0]), []string{"endpoint", "host", "instance", "lastSeen", "lastSeenAgoMs", "leader", "live", "nodeId", "pid", "startedAt", "status", "timeoutMs"}; !slices.Equal(got, want) {
 			t.Errorf("status -json member keys = %v, want %v", got, want)
 		}
 
@@ -342,10 +342,12 @@ func TestStatusReleaseRetire(t *testing.T) {
 		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 4 || !strings.HasPrefix(lines[0], "NODE") {
 			t.Errorf("members printed %d lines, want a header and three members:\n%s", len(lines), out)
 		}
+		// Each member is judged by the node timeout it recorded, not by
+		// -node-timeout, which judges only rows that recorded none.
 		ms := decode[membersOutput](t, ctl(t, on(tg, "members", "-json", "-node-timeout", "1ms")...))
 		for _, m := range ms.Members {
-			if m.Live && m.LastSeenAgoMs >= 1 {
-				t.Errorf("member %s seen %dms ago is live with -node-timeout 1ms", m.NodeID, m.LastSeenAgoMs)
+			if !m.Live || m.TimeoutMs != (testdb.LeaseTTL+3*testdb.Heartbeat).Milliseconds() {
+				t.Errorf("member %s seen %dms ago: live %v by a timeout of %dms; want live by its own %v", m.NodeID, m.LastSeenAgoMs, m.Live, m.TimeoutMs, testdb.LeaseTTL+3*testdb.Heartbeat)
 			}
 		}
 
@@ -704,6 +706,84 @@ func TestForget(t *testing.T) {
 		}
 		if !a.IsLeader() {
 			t.Fatal("a stopped leading after an attempt to forget it")
+		}
+	})
+}
+
+// Every member records its node timeout, and clusterctl judges liveness
+// by it, as Members and MembersHandler do: a node that crashes (its pool
+// closed under it; it never leaves) shows not live to both within seconds
+// of its 1.3s timeout (LeaseTTL 1s and three heartbeats of 100ms), though
+// clusterctl's -node-timeout is 60s.
+func TestMembersJudgedByOwnTimeout(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		ctx := context.Background()
+		a := startNode(t, tg, "a")
+		bdb := tg.Open(t)
+		cfg := tg.Config(t, bdb, "b")
+		b, err := cluster.New(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Shutdown(context.Background()) })
+		soleLeader(t, a, b)
+		want := cfg.LeaseTTL + 3*cfg.HeartbeatInterval
+
+		type member struct {
+			NodeID    string `json:"nodeId"`
+			Live      bool   `json:"live"`
+			TimeoutMs int64  `json:"timeoutMs"`
+		}
+		members := func() map[string]member {
+			var got struct {
+				NodeTimeoutMs int64    `json:"nodeTimeoutMs"`
+				Members       []member `json:"members"`
+			}
+			if err := json.Unmarshal([]byte(ok(t, ctl(t, on(tg, "members", "-json")...))), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.NodeTimeoutMs != 60000 {
+				t.Fatalf("-node-timeout = %dms, want the default 60s", got.NodeTimeoutMs)
+			}
+			out := map[string]member{}
+			for _, m := range got.Members {
+				out[m.NodeID] = m
+			}
+			return out
+		}
+		if m := members(); !m["b"].Live || m["b"].TimeoutMs != want.Milliseconds() || m["a"].TimeoutMs != want.Milliseconds() {
+			t.Fatalf("before the crash: %+v, want a and b live with timeout %v", m, want)
+		}
+		if table := ok(t, ctl(t, on(tg, "members")...)); !strings.Contains(table, "TIMEOUT") || !strings.Contains(table, want.String()) {
+			t.Fatalf("members table without the node timeout:\n%s", table)
+		}
+
+		bdb.Close() // b crashes: never seen again, never leaves
+		crashed := time.Now()
+		waitFor(t, "Members to show b not live", func() bool {
+			ms, err := a.Members(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				if m.NodeID == "b" {
+					return !m.Live
+				}
+			}
+			return false
+		})
+		byLibrary := time.Since(crashed)
+		if m := members(); m["b"].Live {
+			t.Fatalf("%v after b crashed, Members says not live, clusterctl members says live: %+v", byLibrary, m["b"])
+		}
+		if m := members(); !m["a"].Live {
+			t.Fatalf("clusterctl members shows the live node a not live: %+v", m["a"])
+		}
+		t.Logf("b not live %v after its crash, to Members and to clusterctl", byLibrary.Round(time.Millisecond))
+		// forget takes it at once, by the same rule.
+		if out := ok(t, ctl(t, on(tg, "forget", "-yes", "b")...)); !strings.Contains(out, `forgot node "b"`) {
+			t.Fatalf("forget of the crashed b = %q", out)
 		}
 	})
 }

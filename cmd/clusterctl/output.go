@@ -64,20 +64,30 @@ func yesNo(b bool) string {
 
 // memberJSON is a member as -json prints it: the library's Member JSON
 // (nodeId, instance, host, pid, endpoint, startedAt, lastSeen, status,
-// live, leader) and how long ago the database last saw it, by the clock of
-// the same read that decided live.
+// live, leader), how long ago the database last saw it, by the clock of
+// the same read that decided live, and the node timeout live was judged
+// by (the member's own, or -node-timeout for a row that recorded none).
 type memberJSON struct {
 	cluster.Member
 	LastSeenAgoMs int64 `json:"lastSeenAgoMs"`
+	TimeoutMs     int64 `json:"timeoutMs"`
 }
 
-func membersJSON(ms []cluster.Member) []memberJSON {
+func (e *env) membersJSON(ms []cluster.Member) []memberJSON {
 	out := make([]memberJSON, 0, len(ms))
 	for _, m := range ms {
 		m.StartedAt, m.LastSeen = m.StartedAt.UTC(), m.LastSeen.UTC()
-		out = append(out, memberJSON{Member: m, LastSeenAgoMs: m.SeenAgo.Milliseconds()})
+		out = append(out, memberJSON{Member: m, LastSeenAgoMs: m.SeenAgo.Milliseconds(), TimeoutMs: e.judgedBy(m).Milliseconds()})
 	}
 	return out
+}
+
+// judgedBy is the node timeout m's liveness was judged by.
+func (e *env) judgedBy(m cluster.Member) time.Duration {
+	if m.Timeout > 0 {
+		return m.Timeout
+	}
+	return e.opts.nodeTimeout
 }
 
 // printMembers prints the members as a table.
@@ -87,10 +97,10 @@ func (e *env) printMembers(ms []cluster.Member) error {
 		return err
 	}
 	w := e.table()
-	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLAST SEEN")
+	fmt.Fprintln(w, "NODE\tINSTANCE\tHOST\tPID\tSTATUS\tLIVE\tLEADER\tLAST SEEN\tTIMEOUT")
 	for _, m := range ms {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s ago\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
-			m.Status, yesNo(m.Live), yesNo(m.Leader), span(m.SeenAgo))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s ago\t%s\n", m.NodeID, prefix(m.Instance, 8), orDash(m.Host), m.PID,
+			m.Status, yesNo(m.Live), yesNo(m.Leader), span(m.SeenAgo), span(e.judgedBy(m)))
 	}
 	return w.Flush()
 }
