@@ -205,10 +205,10 @@
 // running or failed; a failed Init may be retried. While Init runs the
 // methods answer as failed, with "Init has not returned yet" as the
 // cause, until New has created the member; from then on they answer for it,
-// so a handler of its first lease-acquired sees it lead. [Shutdown] moves
-// any state to shut down, for good: Init then returns
-// [ErrAlreadyInitialized]. Shutdown may be called from a transition
-// handler, even one running during Init.
+// so the receiver of its first lease-acquired sees it lead. [Shutdown]
+// moves any state to shut down, for good: Init then returns
+// [ErrAlreadyInitialized]. Shutdown may be called from any goroutine, the
+// one receiving events included, even during Init.
 //
 // # Schema
 //

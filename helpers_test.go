@@ -775,7 +775,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// handlerShutdown is a transition handler that calls Shutdown on the first
+// handlerShutdown is an event handler (see receive) that calls Shutdown on the first
 // event it matches. Hand it its Cluster with give once New returns: an
 // event emitted during New waits for it.
 type handlerShutdown struct {
@@ -840,8 +840,7 @@ func withHandler(t *testing.T, h func(cluster.Event)) func(*cluster.Config) {
 const shutdownBound = 3 * time.Second
 
 // shutdownWithin calls Shutdown from the test and fails unless it returns
-// within the bound. Called after a handler's Shutdown, it waits for the
-// handlers' goroutine to exit, so goleak finds nothing left.
+// within the bound.
 func shutdownWithin(t *testing.T, c *cluster.Cluster) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownBound)

@@ -390,7 +390,7 @@ func (c *Cluster) release(ctx context.Context, l provider.Lease) error {
 
 // releaseBy runs release, a release of this node's term, and records it.
 // Not cancelled by Shutdown: a term this node ended must be released even
-// when Shutdown (from a handler of the ending, say) stops the heartbeat
+// when Shutdown (from the receiver of the ending's event, say) stops the heartbeat
 // meanwhile; the release is bounded by one heartbeat.
 func (c *Cluster) releaseBy(ctx context.Context, release func(context.Context) error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HeartbeatInterval)
