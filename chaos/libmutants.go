@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -281,6 +282,9 @@ func plant(root, dst string, m libMutant) error {
 	if err != nil {
 		return err
 	}
+	if err := trimWorkspace(dst); err != nil {
+		return err
+	}
 	path := filepath.Join(dst, filepath.FromSlash(m.File))
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -290,6 +294,28 @@ func plant(root, dst string, m libMutant) error {
 		return fmt.Errorf("mutant %s: the line %q occurs %d times in %s, not once: update the mutant", m.Name, m.Old, n, m.File)
 	}
 	return os.WriteFile(path, bytes.Replace(b, []byte(m.Old), []byte(m.New), 1), 0o644)
+}
+
+// trimWorkspace drops from the copy's go.work the modules plant left out,
+// which the go command would otherwise fail to load.
+func trimWorkspace(dst string) error {
+	path := filepath.Join(dst, "go.work")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, line := range strings.Split(string(b), "\n") {
+		dir, isUse := strings.CutPrefix(strings.TrimSpace(line), "./")
+		if isUse && skipDirs[strings.Split(dir, "/")[0]] {
+			continue
+		}
+		keep = append(keep, line)
+	}
+	return os.WriteFile(path, []byte(strings.Join(keep, "\n")), 0o644)
 }
 
 // buildMutant plants m in a copy of the repository at root under dir and
