@@ -45,6 +45,9 @@ var partitions = []string{"orders-0", "orders-1", "orders-2", "orders-3"}
 
 var epoch = time.Now()
 
+// worked holds the partitions a node's function runs for now.
+var worked sync.Map
+
 func say(format string, args ...any) {
 	fmt.Printf("  [%4.2fs] "+format+"\n", append([]any{time.Since(epoch).Seconds()}, args...)...)
 }
@@ -110,7 +113,14 @@ func main() {
 		n.stop = stop
 		n.done.Go(func() { n.work(wctx) })
 	}
-	waitFor(func() bool { return ownedBy(nodes, partitions) })
+	waitFor(func() bool {
+		for _, p := range partitions {
+			if _, ok := worked.Load(p); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	fmt.Printf("The partitions spread within one of even: %s %v, %s %v, %s %v.\n",
 		nodes[0].NodeID(), nodes[0].Lanes(), nodes[1].NodeID(), nodes[1].Lanes(), nodes[2].NodeID(), nodes[2].Lanes())
 	waitFor(func() bool { return processed(setup) >= int64(len(partitions)*itemsPer/4) })
@@ -169,6 +179,8 @@ func main() {
 func (n *node) work(ctx context.Context) {
 	n.WorkLanes(ctx, partitions, func(ctx context.Context, p string, token uint64) error {
 		say("%s works on %s (fencing token %d)", n.NodeID(), p, token)
+		worked.Store(p, n.NodeID())
+		defer worked.Delete(p)
 		for ctx.Err() == nil {
 			did, err := n.processNext(ctx, p)
 			switch {
