@@ -450,6 +450,15 @@ func stdRunWhileLeader(ctx context.Context, fn func(ctx context.Context, token u
 	if fn == nil {
 		return fmt.Errorf("%w: RunWhileLeader needs a non-nil fn", ErrInvalidConfig)
 	}
+	return stdWork(ctx, fn, func(c *Cluster) error { return c.RunWhileLeader(ctx, fn) })
+}
+
+// stdWork is the state loop of the default instance's work: in
+// single-node mode it runs single (see runSingle) until ctx is done or
+// the state changes; once a member runs it returns member's result; after
+// Shutdown, the shut-down error; while Init runs or after it failed, it
+// waits for the next state.
+func stdWork(ctx context.Context, single func(context.Context, uint64) error, member func(*Cluster) error) error {
 	for {
 		std.mu.Lock()
 		s := std.state.Load()
@@ -463,9 +472,9 @@ func stdRunWhileLeader(ctx context.Context, fn func(ctx context.Context, token u
 		std.mu.Unlock()
 		switch {
 		case s == nil:
-			runSingle(ctx, changed, fn)
+			runSingle(ctx, changed, single)
 		case s.kind == stdRunning:
-			return s.c.RunWhileLeader(ctx, fn)
+			return member(s.c)
 		case s.kind == stdDown:
 			return s.errNotLeader
 		}
@@ -819,50 +828,19 @@ func stdWorkLanes(ctx context.Context, keys []string, fn func(ctx context.Contex
 	if err := checkWorkLanes(keys, fn); err != nil {
 		return err
 	}
-	for {
-		std.mu.Lock()
-		s := std.state.Load()
-		if std.changed == nil {
-			std.changed = make(chan struct{})
-		}
-		changed := std.changed
-		if s == nil {
-			std.single.add() // under mu: Init and Shutdown see it once they change the state
-		}
-		std.mu.Unlock()
-		switch {
-		case s == nil:
-			runSingle(ctx, changed, func(ctx context.Context, _ uint64) error {
-				var wg sync.WaitGroup
-				for _, key := range keys {
-					wg.Go(func() {
-						err := func() (err error) {
-							defer func() {
-								if r := recover(); r != nil {
-									err = fmt.Errorf("panic: %v", r)
-								}
-							}()
-							return fn(ctx, key, 0)
-						}()
-						if err != nil && ctx.Err() == nil {
-							defaultLogger().Error("cluster: lane work failed; in single-node mode it runs again only after Init", "lane", key, "err", err)
-						}
-					})
+	single := func(ctx context.Context, _ uint64) error {
+		var wg sync.WaitGroup
+		for _, key := range keys {
+			wg.Go(func() {
+				if err := callLaneWork(ctx, key, 0, fn); err != nil && ctx.Err() == nil {
+					defaultLogger().Error("cluster: lane work failed; in single-node mode it runs again only after Init", "lane", key, "err", err)
 				}
-				wg.Wait()
-				return nil
 			})
-		case s.kind == stdRunning:
-			return s.c.WorkLanes(ctx, keys, fn)
-		case s.kind == stdDown:
-			return s.errNotLeader
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		}
+		wg.Wait()
+		return nil
 	}
+	return stdWork(ctx, single, func(c *Cluster) error { return c.WorkLanes(ctx, keys, fn) })
 }
 
 // stdObserve adds f to the default instance's observers; see

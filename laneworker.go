@@ -227,16 +227,20 @@ func (c *Cluster) lanesFull() bool {
 	return census.Mine >= limit
 }
 
+// callLaneWork calls fn for a lane and returns its error, or its panic
+// as an error.
+func callLaneWork(ctx context.Context, key string, token uint64, fn func(context.Context, string, uint64) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return fn(ctx, key, token)
+}
+
 // workLane calls fn for a lane, logging its error or panic.
 func (c *Cluster) workLane(ctx context.Context, key string, token uint64, fn func(context.Context, string, uint64) error) {
-	err := func() (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("panic: %v", r)
-			}
-		}()
-		return fn(ctx, key, token)
-	}()
+	err := callLaneWork(ctx, key, token, fn)
 	if err != nil && ctx.Err() == nil {
 		c.log.ErrorContext(ctx, "cluster: lane work failed; the lane is released and claimed again at a later heartbeat",
 			"lane", key, "fencing_token", token, "err", err)
