@@ -32,7 +32,14 @@ type laneRun struct {
 // below its share, when ctx is done, and when Shutdown begins. When fn
 // returns, the lane is released for the next claim, by this node or
 // another; one that fn returns early is claimed again at a later
-// heartbeat. An error or panic of fn is logged.
+// heartbeat. An error or panic of fn is logged, and this node leaves the
+// lane to the others for a while before it claims it again: a heartbeat
+// after the first failure, twice as long after each next one in a row,
+// up to 30 seconds; a return of nil ends the wait.
+//
+// The share counts every lane of the cluster's lease, claimed by
+// [Cluster.ClaimLane] or by any WorkLanes of any key set: lanes that must
+// spread evenly by themselves need a Cluster of their own (a LeaseName).
 //
 // While fn runs, the lane stays this node's: the keeper renews it, and a
 // lane handed over is released only once fn has returned, so no other node
@@ -66,7 +73,12 @@ func (c *Cluster) WorkLanes(ctx context.Context, keys []string, fn func(ctx cont
 
 	var wg sync.WaitGroup
 	running := map[string]laneRun{}
-	ended := make(chan string, len(keys))
+	backoff := laneBackoff{}
+	type end struct {
+		key    string
+		failed bool
+	}
+	ended := make(chan end, len(keys))
 	defer func() {
 		for _, r := range running {
 			r.cancel()
@@ -84,7 +96,10 @@ func (c *Cluster) WorkLanes(ctx context.Context, keys []string, fn func(ctx cont
 				r.cancel()
 			}
 		}
-		c.claimLanes(ctx, txr, keys, running, func(key string, token uint64) {
+		c.claimLanes(ctx, txr, keys, func(key string) bool {
+			_, run := running[key]
+			return run || backoff.waiting(key)
+		}, func(key string, token uint64) {
 			wctx, cancel := context.WithCancel(ctx)
 			running[key] = laneRun{token: token, cancel: cancel}
 			c.lanes.mu.Lock()
@@ -96,8 +111,9 @@ func (c *Cluster) WorkLanes(ctx context.Context, keys []string, fn func(ctx cont
 			}
 			wg.Go(func() {
 				defer c.lanes.work.done()
-				defer func() { ended <- key }()
-				c.workLane(wctx, key, token, fn)
+				failed := false
+				defer func() { ended <- end{key, failed} }()
+				failed = c.workLane(wctx, key, token, fn)
 				cancel()
 				c.lanes.mu.Lock()
 				delete(c.lanes.working, key)
@@ -117,8 +133,9 @@ func (c *Cluster) WorkLanes(ctx context.Context, keys []string, fn func(ctx cont
 			return ctx.Err()
 		case <-c.downCh:
 			return fmt.Errorf("%w: WorkLanes stopped", c.errDown)
-		case key := <-ended:
-			delete(running, key)
+		case e := <-ended:
+			delete(running, e.key)
+			backoff.ended(e.key, e.failed, c.cfg.HeartbeatInterval)
 		case <-tick.C:
 		}
 	}
@@ -145,7 +162,41 @@ func checkWorkLanes(keys []string, fn func(context.Context, string, uint64) erro
 	return nil
 }
 
-// claimLanes claims, in one round, free lanes of keys not running, from a
+// laneRetryMax is the longest WorkLanes leaves a lane whose work keeps
+// failing before it claims it again.
+const laneRetryMax = 30 * time.Second
+
+// laneBackoff is when WorkLanes may claim again a lane whose work failed,
+// and how many times in a row it failed.
+type laneBackoff map[string]struct {
+	fails int
+	until time.Time
+}
+
+// ended records the end of a lane's work: a failure doubles the wait
+// (from one heartbeat, up to laneRetryMax), a success ends it.
+func (b laneBackoff) ended(key string, failed bool, heartbeat time.Duration) {
+	if !failed {
+		delete(b, key)
+		return
+	}
+	e := b[key]
+	e.fails++
+	wait := laneRetryMax
+	if e.fails <= 30 && heartbeat<<(e.fails-1) < laneRetryMax {
+		wait = heartbeat << (e.fails - 1)
+	}
+	e.until = time.Now().Add(wait)
+	b[key] = e
+}
+
+// waiting reports whether the lane's wait after a failure lasts.
+func (b laneBackoff) waiting(key string) bool {
+	e, ok := b[key]
+	return ok && time.Now().Before(e.until)
+}
+
+// claimLanes claims, in one round, free lanes of keys not skipped, from a
 // random key on so that nodes do not all contend for the first, until
 // this node reaches its share; start is called for each lane claimed. A
 // round costs no statement while the keeper's last census says this node
@@ -153,14 +204,14 @@ func checkWorkLanes(keys []string, fn func(context.Context, string, uint64) erro
 // lane at most: nodes that start together have not all recorded that they
 // take lanes yet, and the first to claim would otherwise take every lane
 // and hand most over a heartbeat later.
-func (c *Cluster) claimLanes(ctx context.Context, txr provider.Transactor, keys []string, running map[string]laneRun, start func(string, uint64)) {
+func (c *Cluster) claimLanes(ctx context.Context, txr provider.Transactor, keys []string, skip func(string) bool, start func(string, uint64)) {
 	if c.lanesFull() {
 		return
 	}
 	off := rand.IntN(len(keys))
 	for i := range keys {
 		key := keys[(off+i)%len(keys)]
-		if _, ok := running[key]; ok {
+		if skip(key) {
 			continue
 		}
 		if ctx.Err() != nil || c.down.Load() {
@@ -238,11 +289,15 @@ func callLaneWork(ctx context.Context, key string, token uint64, fn func(context
 	return fn(ctx, key, token)
 }
 
-// workLane calls fn for a lane, logging its error or panic.
-func (c *Cluster) workLane(ctx context.Context, key string, token uint64, fn func(context.Context, string, uint64) error) {
+// workLane calls fn for a lane, logging its error or panic, and reports
+// whether it failed: an error or panic while the lane was still worked on
+// (not one that ctx's end caused).
+func (c *Cluster) workLane(ctx context.Context, key string, token uint64, fn func(context.Context, string, uint64) error) bool {
 	err := callLaneWork(ctx, key, token, fn)
 	if err != nil && ctx.Err() == nil {
-		c.log.ErrorContext(ctx, "cluster: lane work failed; the lane is released and claimed again at a later heartbeat",
+		c.log.ErrorContext(ctx, "cluster: lane work failed; the lane is released, and this node claims it again after a wait that doubles with each failure in a row",
 			"lane", key, "fencing_token", token, "err", err)
+		return true
 	}
+	return false
 }

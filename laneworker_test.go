@@ -267,6 +267,42 @@ func TestWorkLanesLifecycle(t *testing.T) {
 	})
 }
 
+// A lane whose work keeps failing is claimed again after a wait that
+// doubles with each failure (one heartbeat, two, four, ...), not at every
+// heartbeat.
+func TestWorkLanesBacksOffFailingWork(t *testing.T) {
+	t.Parallel()
+	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
+		a := start(t, tg, "a")
+		var mu sync.Mutex
+		var calls []time.Time
+		stop := runWorkLanes(t, a, []string{"failing"}, func(ctx context.Context, lane string, token uint64) error {
+			mu.Lock()
+			calls = append(calls, time.Now())
+			mu.Unlock()
+			return errors.New("the downstream is down")
+		})
+		// Without the wait, fn would run about 24 times in 24 heartbeats;
+		// with it, at about 0, 2, 5, 10 and 19 heartbeats.
+		time.Sleep(24 * testdb.Heartbeat)
+		if err := stop(); !errors.Is(err, context.Canceled) {
+			t.Fatalf("WorkLanes = %v, want context.Canceled", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) < 3 || len(calls) > 6 {
+			t.Fatalf("failing work ran %d times in 24 heartbeats, want 3 to 6 (a doubling wait)", len(calls))
+		}
+		for i := 1; i < len(calls); i++ {
+			// The wait after the i-th failure in a row is 2^(i-1)
+			// heartbeats, from after the call began.
+			if gap, want := calls[i].Sub(calls[i-1]), testdb.Heartbeat<<(i-1); gap < want {
+				t.Fatalf("call %d came %v after the one before, want at least %v", i, gap, want)
+			}
+		}
+	})
+}
+
 // Bad arguments are refused with ErrInvalidConfig, before any claim.
 func TestWorkLanesBadInput(t *testing.T) {
 	t.Parallel()
