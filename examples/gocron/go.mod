@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/sqlfence/cluster v0.0.0-20261207014100-1a09a88c22f7
+	github.com/sqlfence/cluster v0.0.0-20261207045636-02190333f78f
 	modernc.org/sqlite v1.62.0
 )
 
