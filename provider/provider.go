@@ -71,11 +71,11 @@ type LeaseRequest struct {
 
 // A Lease is one term of a lease, as granted by a [Provider].
 type Lease struct {
-	Name         string
-	Holder       string
-	Instance     string
-	Endpoint     string
-	FencingToken uint64
+	Name         string // the lease's name (Config.LeaseName)
+	Holder       string // the NodeID of the node that holds it
+	Instance     string // the holding node's instance, new each New
+	Endpoint     string // the holder's Config.Endpoint, for discovery
+	FencingToken uint64 // the term's token, higher than every earlier term's
 	// ExpiresAt is the expiry by the provider's clock. It is informational:
 	// a node's own belief in its leadership ends on its monotonic clock.
 	ExpiresAt time.Time
@@ -159,7 +159,10 @@ type Rows interface {
 // refuses a Config whose integrity features its provider cannot serve:
 // Chains and WitnessFile need a [ChainStore], VaultKeys a [StateStore].
 // The default providers implement all of them, so a wrapper that embeds
-// *cluster.DBProvider (to add metrics or tracing) keeps them.
+// *cluster.DBProvider (to add metrics or tracing) keeps them, as does one
+// that implements each method by calling the DBProvider's (a wrapper by
+// delegation keeps a capability only if it has the method: the node finds
+// capabilities by type assertion on the provider it was given).
 type (
 	// A Fencer checks, inside the caller's transaction tx, that l is the
 	// current unexpired term, and holds that fact until tx ends. It returns
@@ -257,11 +260,11 @@ type Member struct {
 
 // A ChainTip is the recorded tip of a chain.
 type ChainTip struct {
-	Chain        string
+	Chain        string // the chain's name (Config.Chains)
 	Lease        string // the lease whose term writes it
-	Counter      uint64
-	Hash         []byte
-	FencingToken uint64
+	Counter      uint64 // the tip's position, counted by the application
+	Hash         []byte // the hash of the row at the tip
+	FencingToken uint64 // the token of the term that advanced it
 }
 
 // ChainRows is what a chain's own table holds, as [ChainStore.ChainRows]
@@ -353,7 +356,7 @@ type LaneRequest struct {
 // A Lane is a lane's row as a [LaneStore] reads it. Times are by the
 // store's clock.
 type Lane struct {
-	Key          string
+	Key          string // the lane's key
 	Holder       string // "" for a lane never claimed
 	Instance     string
 	FencingToken uint64 // 0 for a lane never claimed
