@@ -14,8 +14,10 @@ import (
 // A dialect is everything the SQL provider does differently on one
 // database: its queries, how it binds and runs the lease statements, its
 // schema lock, the bounds it gives statements on the server, and how it
-// reads driver errors. There is one type per dialect (dialect_*.go), and
-// no other code asks which dialect it runs on.
+// reads driver errors. There is one type per dialect (dialect_*.go). Three
+// places outside them ask the name, each for one line: SchemaSQL (the mysql
+// client's statement delimiter), the prepared fence (not on PostgreSQL,
+// whose pgx caches statements itself) and InTx (SQLite's BEGIN IMMEDIATE).
 type dialect interface {
 	// name is the Dialect this type speaks.
 	name() Dialect

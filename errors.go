@@ -132,6 +132,7 @@ type LeaseHeldError struct {
 	Remaining time.Duration
 }
 
+// Error says who holds the lease, under which token, and for how long.
 func (e *LeaseHeldError) Error() string {
 	return fmt.Sprintf("cluster: lease held by node %q (fencing token %d) for another %v",
 		e.Holder, e.FencingToken, e.Remaining.Round(time.Millisecond))
@@ -190,6 +191,7 @@ type LaneHeldError struct {
 	Remaining time.Duration
 }
 
+// Error says who holds the lane, under which token, and for how long.
 func (e *LaneHeldError) Error() string {
 	return fmt.Sprintf("cluster: lane %q held by node %q (fencing token %d) for another %v",
 		e.Lane, e.Holder, e.FencingToken, e.Remaining.Round(time.Millisecond))

@@ -102,7 +102,7 @@ const (
 // An Event reports a leadership transition of this node, or a change of
 // leader it observed.
 type Event struct {
-	Kind         EventKind
+	Kind         EventKind // what happened
 	NodeID       string    // this node
 	At           time.Time // local wall-clock time of the transition
 	FencingToken uint64    // token of the term acquired, lost, released or observed; a lane event's lane token

@@ -109,7 +109,7 @@ func splitSQL(src string) []string {
 }
 
 // The migration runner takes a database at this build's schema version
-// (the baseline) to the next one: a synthetic version 2 whose schema file
+// (the baseline) to the next one: a synthetic SchemaVersion+1 whose schema file
 // is the baseline's plus one table. Migrating applies the file once,
 // under the schema lock, records the new version and leaves the lease
 // where it was; migrating again runs no DDL; and a build of the baseline

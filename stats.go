@@ -42,8 +42,8 @@ const (
 
 // An Operation is one provider call, as [Config.Observer] sees it.
 type Operation struct {
-	Kind     OpKind
-	Outcome  Outcome
+	Kind     OpKind        // which call
+	Outcome  Outcome       // how it ended
 	Duration time.Duration // how long the call took, by the monotonic clock
 	Err      error         // nil for OutcomeOK
 }
