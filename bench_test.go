@@ -54,6 +54,19 @@ func BenchmarkIsLeader(b *testing.B) {
 			}
 		})
 	})
+	b.Run("default/serial", func(b *testing.B) {
+		// The package-level IsLeader before Init: one atomic load. (After
+		// Init it adds the member's IsLeader above to that load.)
+		if cluster.Default().Clustered() {
+			b.Skip("Init was called in this process; the single-leader path is gone")
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if !cluster.IsLeader() {
+				b.Fatal("a process that never called Init does not lead")
+			}
+		}
+	})
 	b.Run("clock/serial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
