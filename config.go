@@ -495,6 +495,10 @@ var driverDialects = map[string]Dialect{
 
 // detectDialect names the dialect spoken by db's driver, or "" when the
 // driver is unknown, and returns the driver's package path for messages.
+// It reads the driver type's package path: a type switch would import
+// every driver above into every program that imports cluster (linking
+// and registering them, cgo for mattn's), and the explicit option is
+// Config.Dialect, which New asks for when the driver is not listed.
 func detectDialect(db *sql.DB) (Dialect, string) {
 	t := reflect.TypeOf(db.Driver())
 	for t.Kind() == reflect.Pointer {
