@@ -81,3 +81,11 @@ func MigrateTo(ctx context.Context, p *DBProvider, version int64, ddl string) er
 func SchemaDDL(d Dialect, tablePrefix string) string {
 	return schemaFile(string(d)+".sql", tablePrefix)
 }
+
+// ClassifyDBError maps a driver error of dialect d to the package's
+// sentinels, as the default provider does, for tests that trip the guard
+// triggers with raw SQL.
+func ClassifyDBError(d Dialect, err error) error {
+	dl, _ := newDialect(d, DefaultTablePrefix)
+	return (&DBProvider{d: dl}).wrap("raw SQL", err)
+}

@@ -19,19 +19,6 @@ import (
 	"github.com/sqlfence/cluster/providertest"
 )
 
-// initProvider returns the default provider over db, its tables created.
-func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) *cluster.DBProvider {
-	t.Helper()
-	p, err := cluster.NewDBProvider(db, "", tg.Prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func TestDBProviderConformance(t *testing.T) {
 	t.Parallel()
 	for _, d := range testdb.Dialects {
