@@ -868,33 +868,3 @@ func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) *cluster.DBProvide
 	}
 	return p
 }
-
-// resignWakesSharer starts nodes a and b on provider p with a 5s poll and
-// checks that b leads within 3s of a's Resign: woken through p, not by
-// its poll.
-func resignWakesSharer(t *testing.T, tg testdb.Target, p provider.Provider) {
-	t.Helper()
-	shared := func(c *cluster.Config) { c.DB, c.Provider = nil, p }
-	a := start(t, tg, "a", slow, shared)
-	attempts := make(chan struct{}, 16)
-	b := start(t, tg, "b", slow, shared, func(c *cluster.Config) {
-		c.Observer = func(o cluster.Operation) {
-			if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
-				select {
-				case attempts <- struct{}{}:
-				default:
-				}
-			}
-		}
-	})
-	if !a.IsLeader() {
-		t.Fatal("a does not lead")
-	}
-	<-attempts // b just tried: its next poll is a heartbeat (5s) away
-	if err := a.Resign(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// Well before b's next poll, with room for a loaded machine.
-	took := waitFor(t, 3*time.Second, "b to take over when a resigned", b.IsLeader)
-	t.Logf("b led %v after a resigned (its next poll was up to 5s away)", took.Round(time.Millisecond))
-}

@@ -816,7 +816,7 @@ func testWrapped(t *testing.T, tg testdb.Target, name string, wrap func(*cluster
 
 	t.Run("wake", func(t *testing.T) {
 		tg := testdb.New(t, tg.Dialect)
-		resignWakesSharer(t, tg, newWrapped(t, tg, wrap))
+		testdb.ResignWakesSharer(t, tg, newWrapped(t, tg, wrap))
 	})
 	testCapabilities(t, tg, wrap)
 }

@@ -24,7 +24,7 @@ func TestInProcessWakeUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resignWakesSharer(t, tg, p)
+		testdb.ResignWakesSharer(t, tg, p)
 	})
 }
 

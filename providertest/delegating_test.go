@@ -3,7 +3,6 @@ package providertest_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -66,45 +65,7 @@ func TestDelegatingDBProvider(t *testing.T) {
 
 		t.Run("wake", func(t *testing.T) {
 			tg := testdb.New(t, tg.Dialect)
-			p := open(t, tg)
-			node := func(id string, observe func(cluster.Operation)) *cluster.Cluster {
-				cfg := tg.Config(t, nil, id)
-				cfg.Provider = p
-				// Polls 5 s apart: a takeover within 3 s comes from the wake.
-				cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
-				cfg.Observer = observe
-				c, err := cluster.New(context.Background(), cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Shutdown(context.Background()) })
-				return c
-			}
-			a := node("a", nil)
-			attempts := make(chan struct{}, 16)
-			b := node("b", func(o cluster.Operation) {
-				if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
-					select {
-					case attempts <- struct{}{}:
-					default:
-					}
-				}
-			})
-			if !a.IsLeader() {
-				t.Fatal("a does not lead")
-			}
-			<-attempts // b just tried: its next poll is 5 s away
-			if err := a.Resign(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			resigned := time.Now()
-			for !b.IsLeader() {
-				if time.Since(resigned) > 3*time.Second {
-					t.Fatal("b did not take over within 3s of a's resignation through the delegating wrapper: it was not woken")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			t.Logf("b led %v after a resigned", time.Since(resigned).Round(time.Millisecond))
+			testdb.ResignWakesSharer(t, tg, open(t, tg))
 		})
 	})
 }

@@ -3,6 +3,7 @@ package testdb
 import (
 	"context"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/sqlfence/cluster"
@@ -124,4 +125,49 @@ func (d *Delegating) BumpConfigVersion(ctx context.Context, scope string) (uint6
 }
 func (d *Delegating) WatchReleases(ctx context.Context, name, instance string, wake func(), live func(bool)) func() {
 	return d.P.WatchReleases(ctx, name, instance, wake, live)
+}
+
+// ResignWakesSharer starts nodes a and b on provider p, polling 5 s
+// apart, and checks that b leads within 3 s of a's Resign: woken through
+// p (its provider.ReleaseWatcher), not by its poll.
+func ResignWakesSharer(t *testing.T, tg Target, p provider.Provider) {
+	t.Helper()
+	node := func(id string, observe func(cluster.Operation)) *cluster.Cluster {
+		cfg := tg.Config(t, nil, id)
+		cfg.Provider = p
+		// Polls 5 s apart: a takeover within 3 s comes from the wake.
+		cfg.LeaseTTL, cfg.HeartbeatInterval, cfg.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+		cfg.Observer = observe
+		c, err := cluster.New(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Shutdown(context.Background()) })
+		return c
+	}
+	a := node("a", nil)
+	attempts := make(chan struct{}, 16)
+	b := node("b", func(o cluster.Operation) {
+		if o.Kind == cluster.OpAcquire && o.Outcome == cluster.OutcomeHeld {
+			select {
+			case attempts <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if !a.IsLeader() {
+		t.Fatal("a does not lead")
+	}
+	<-attempts // b just tried: its next poll is 5 s away
+	if err := a.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resigned := time.Now()
+	for !b.IsLeader() {
+		if time.Since(resigned) > 3*time.Second {
+			t.Fatal("b did not take over within 3s of a's resignation through the shared provider: it was not woken")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("b led %v after a resigned", time.Since(resigned).Round(time.Millisecond))
 }
