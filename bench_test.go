@@ -55,8 +55,8 @@ func BenchmarkIsLeader(b *testing.B) {
 		})
 	})
 	b.Run("default/serial", func(b *testing.B) {
-		// The package-level IsLeader before Init: one atomic load. (After
-		// Init it adds the member's IsLeader above to that load.)
+		// The package-level IsLeader before Init: one atomic load, no
+		// clock read (the single leader's deadline never comes).
 		if cluster.Default().Clustered() {
 			b.Skip("Init was called in this process; the single-leader path is gone")
 		}
@@ -64,6 +64,25 @@ func BenchmarkIsLeader(b *testing.B) {
 		for b.Loop() {
 			if !cluster.IsLeader() {
 				b.Fatal("a process that never called Init does not lead")
+			}
+		}
+	})
+	b.Run("default-member/serial", func(b *testing.B) {
+		// The package-level IsLeader after Init, on the member that leads:
+		// the same load and clock read as cluster/serial.
+		if cluster.Default().Clustered() {
+			b.Skip("Init was called in this process already")
+		}
+		defer cluster.ResetDefault()
+		err := cluster.Init(context.Background(), cluster.Config{NodeID: "bench-default", Provider: &fakeProvider{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cluster.Shutdown(context.Background())
+		b.ReportAllocs()
+		for b.Loop() {
+			if !cluster.IsLeader() {
+				b.Fatal("lost leadership")
 			}
 		}
 	})

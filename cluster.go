@@ -36,10 +36,18 @@ type Cluster struct {
 	observers atomic.Pointer[[]func(Operation)] // added by Observe; read by record without a lock
 
 	// term is the lease this node believes it holds, nil when it holds none.
-	// Written only under mu; read lock-free by IsLeader.
+	// until is where its trust window ends, on the monotonic clock (see
+	// mono): 0 when no term is held, and MaxInt64 for the single leader
+	// of a process that never called Init. IsLeader reads until alone.
+	// Both are written only under mu (until is moved on by renew's CAS
+	// too), in the order that keeps IsLeader from being true without a
+	// term. The default member shares until with the package-level
+	// IsLeader (std.until).
 	term    atomic.Pointer[term]
+	until   *atomic.Int64
 	mu      sync.Mutex
 	stopped bool
+	retired *term // the term the first Shutdown ended (retire)
 
 	// unsure is set when an acquisition failed in a way that may have
 	// committed anyway, so Shutdown releases whatever this instance holds.
@@ -117,10 +125,10 @@ type Cluster struct {
 	conf  configState // configversion.go: the config version seen
 }
 
-// term is one acquired lease and the end of this node's belief in it.
+// term is one acquired lease; Cluster.until is the end of this node's
+// belief in it.
 type term struct {
 	lease provider.Lease
-	until atomic.Int64 // monotonic deadline, see mono
 
 	// ctx is cancelled when the term ends, by the timer at the trust-window
 	// deadline at the latest; leader work runs under it.
@@ -140,30 +148,33 @@ func (c *Cluster) termMargin() time.Duration {
 	return min(c.cfg.FenceTimeout/100, 2*time.Millisecond)
 }
 
-// newTerm starts the term of lease l, whose attempt started at start.
-func (c *Cluster) newTerm(l provider.Lease, start int64) *term {
+// newTerm makes the term of lease l, whose trust window ends at until;
+// the caller makes it current (Cluster.term, then Cluster.until).
+func (c *Cluster) newTerm(l provider.Lease, until int64) *term {
 	t := &term{lease: l}
-	t.until.Store(monoAfter(start, c.cfg.FenceTimeout))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.timer = time.AfterFunc(c.untilMargin(t), func() { c.expire(t) })
+	t.timer = time.AfterFunc(c.untilMargin(until), func() { c.expire(t) })
 	return t
 }
 
-// untilMargin is how long from now t's timer must wait.
-func (c *Cluster) untilMargin(t *term) time.Duration {
-	return max(time.Duration(t.until.Load()-mono())-c.termMargin(), 0)
+// untilMargin is how long from now a term's timer must wait for the
+// trust window that ends at until.
+func (c *Cluster) untilMargin(until int64) time.Duration {
+	return max(time.Duration(until-mono())-c.termMargin(), 0)
 }
 
 // expire runs on t's timer. Unless a renew moved the deadline on, it ends
 // the trust window now and cancels the term's context; the heartbeat then
 // reports the term as self-fenced.
 func (c *Cluster) expire(t *term) {
-	u := t.until.Load()
-	if now := mono(); now < u-int64(c.termMargin()) {
-		t.timer.Reset(c.untilMargin(t)) // renewed meanwhile
-		return
-	} else if !t.until.CompareAndSwap(u, min(u, now)) {
-		t.timer.Reset(c.untilMargin(t)) // renewed meanwhile
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.term.Load() != t {
+		return // t ended meanwhile; its timer had already fired
+	}
+	u := c.until.Load()
+	if now := mono(); now < u-int64(c.termMargin()) || !c.until.CompareAndSwap(u, min(u, now)) {
+		t.timer.Reset(c.untilMargin(c.until.Load())) // renewed meanwhile
 		return
 	}
 	t.cancel()
@@ -201,22 +212,28 @@ func monoAfter(t int64, d time.Duration) int64 {
 //
 // Call [Cluster.Shutdown] to stop the heartbeat and release the lease.
 func New(ctx context.Context, cfg Config) (*Cluster, error) {
-	return newCluster(ctx, cfg, nil)
+	return newCluster(ctx, cfg, nil, nil)
 }
 
-// newCluster is New that, when created is not nil, calls it with the
+// newCluster is New for Init as well: the Cluster keeps its trust-window
+// deadline in until when that is not nil (Init passes the package-level
+// IsLeader's), and when created is not nil, newCluster calls it with the
 // Cluster before New emits any event or campaigns, for Init to register
 // its handlers and answer for the Cluster while New runs.
-func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Cluster, error) {
+func newCluster(ctx context.Context, cfg Config, until *atomic.Int64, created func(*Cluster)) (*Cluster, error) {
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
+	}
+	if until == nil {
+		until = new(atomic.Int64)
 	}
 	c := &Cluster{
 		cfg:      cfg,
 		log:      cfg.Logger.With("node_id", cfg.NodeID, "lease", cfg.LeaseName),
 		provider: cfg.Provider,
 		instance: newInstanceID(),
+		until:    until,
 	}
 	if cfg.ResignHoldOff < cfg.HeartbeatInterval*6/5 {
 		c.log.Warn("cluster: ResignHoldOff is shorter than the longest wait between a polling follower's attempts (1.2 × HeartbeatInterval): after Resign this node may take the lease back before such a follower tries; leave it at its default or raise it",
@@ -266,7 +283,9 @@ func newCluster(ctx context.Context, cfg Config, created func(*Cluster)) (*Clust
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	fail := func(err error) (*Cluster, error) {
+		c.mu.Lock()
 		c.stopped = true
+		c.mu.Unlock()
 		if c.own != nil {
 			c.own.Close()
 		}
@@ -319,15 +338,18 @@ func newInstanceID() string {
 // IsLeader reports whether this node holds the lease and its trust window
 // has not ended. It reads the monotonic clock itself, so it turns false on
 // time even if the heartbeat goroutine has not run (a process resuming from
-// a pause sees false on its first call). It does not lock or allocate.
+// a pause sees false on its first call). It is one atomic load and, on a
+// node that holds a term, one clock read: it does not lock or allocate.
 //
 // IsLeader is an early check for routing and scheduling; only the database
 // can refuse a stale leader's write.
-func (c *Cluster) IsLeader() bool {
-	if c == defaultCluster {
-		return IsLeader()
-	}
-	return c.liveTerm() != nil
+func (c *Cluster) IsLeader() bool { return leads(c.until.Load()) }
+
+// leads reports whether a trust window that ends at until (Cluster.until)
+// is open. It reads the clock only when it must: not for 0, no term, nor
+// for MaxInt64, the single leader of a process that never called Init.
+func leads(until int64) bool {
+	return until == math.MaxInt64 || until > 0 && mono() < until
 }
 
 // errShutdown is the one error every call returns after Shutdown.
@@ -336,7 +358,7 @@ func (c *Cluster) errShutdown() error { return c.errDown }
 // liveTerm returns the term this node leads in, or nil when it holds none
 // or its trust window has ended.
 func (c *Cluster) liveTerm() *term {
-	if t := c.term.Load(); t != nil && mono() < t.until.Load() {
+	if t := c.term.Load(); t != nil && mono() < c.until.Load() {
 		return t
 	}
 	return nil
@@ -522,19 +544,31 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 	}
 }
 
-// stop is the first Shutdown.
-func (c *Cluster) stop(ctx context.Context) error {
-	// End the term first, and keep its lease until the leader work under
-	// it has stopped: no other node may start that work before.
+// retire is the first step of Shutdown, which the package-level Shutdown
+// may take early: it ends this node's term and stops it campaigning, so
+// IsLeader is false from here on. The term's lease is kept (retiring)
+// until the leader work under it has stopped: no other node may start
+// that work before. It returns the term the first call ended, if any.
+func (c *Cluster) retire() *term {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return c.retired
+	}
 	c.stopped = true
-	t := c.term.Load()
-	if t != nil {
+	c.until.Store(0)
+	if t := c.term.Load(); t != nil {
 		c.retiring.Store(t)
 		t.end()
 		c.term.Store(nil)
+		c.retired = t
 	}
-	c.mu.Unlock()
+	return c.retired
+}
+
+// stop is the first Shutdown.
+func (c *Cluster) stop(ctx context.Context) error {
+	t := c.retire()
 	c.down.Store(true)
 	close(c.downCh)
 	c.stopLookups()

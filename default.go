@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -20,6 +21,11 @@ const SingleNodeID = "single-node-local"
 // process a single leader.
 var std struct {
 	state atomic.Pointer[stdState]
+	// until is what the package-level IsLeader reads, alone: MaxInt64
+	// until Init is called (the single leader), then the member's
+	// trust-window deadline (Cluster.until), which the member writes
+	// itself, and 0 whenever no member answers.
+	until atomic.Int64
 
 	// mu orders the transitions and guards notify and init. It is never
 	// held while waiting for anything, so any goroutine may call any
@@ -36,8 +42,19 @@ var std struct {
 	single workCount
 }
 
+func init() { std.until.Store(math.MaxInt64) }
+
 // setState moves the default instance to s. The caller holds std.mu.
 func setState(s *stdState) {
+	switch {
+	case s == nil:
+		std.until.Store(math.MaxInt64) // the tests' ResetDefault
+	case s.c == nil:
+		std.until.Store(0)
+	}
+	// Otherwise s.c writes std.until: its deadline while it answers, and
+	// 0 from its retire on, which every path to the down state calls
+	// before setting it.
 	std.state.Store(s)
 	if std.changed != nil {
 		close(std.changed)
@@ -174,7 +191,7 @@ func Init(ctx context.Context, cfg Config) error {
 	std.mu.Unlock()
 	waitSingle(ctx, "Init")
 
-	c, err := newCluster(ctx, cfg, func(c *Cluster) {
+	c, err := newCluster(ctx, cfg, &std.until, func(c *Cluster) {
 		// Called before New emits anything, so the channels get every event.
 		std.mu.Lock()
 		defer std.mu.Unlock()
@@ -187,6 +204,8 @@ func Init(ctx context.Context, cfg Config) error {
 		in.c = c
 		if std.state.Load().kind == stdStarting {
 			setState(startingState(nodeID, c))
+		} else {
+			c.retire() // Shutdown was called: never campaign
 		}
 	})
 
@@ -218,16 +237,7 @@ func Init(ctx context.Context, cfg Config) error {
 // IsLeader reports whether this process leads; see [Cluster.IsLeader]. It
 // is true when [Init] was never called, false while Init runs and after it
 // failed, and false for good after [Shutdown].
-func IsLeader() bool {
-	s := std.state.Load()
-	if s == nil {
-		return true
-	}
-	if c := s.member(); c != nil {
-		return c.IsLeader()
-	}
-	return false
-}
+func IsLeader() bool { return leads(std.until.Load()) }
 
 // FencingToken returns the token of the term this process leads in, or 0
 // when it does not lead or [Init] was never called.
@@ -356,8 +366,12 @@ func Shutdown(ctx context.Context) error {
 		c = s.c
 	case s.kind == stdRunning:
 		c = s.c
+		c.retire()
 		setState(downState(s.nodeID, c))
 	default: // starting or failed
+		if s.c != nil {
+			s.c.retire() // Init shuts it down when New returns
+		}
 		setState(downState(s.nodeID, nil))
 	}
 	in := std.init
@@ -665,9 +679,10 @@ func memberOf(s *stdState) *Cluster {
 func Default() *Cluster { return defaultCluster }
 
 // defaultCluster is the Cluster Default returns. It holds no state of its
-// own: each exported method begins by asking isDefault and then answers
-// from the default instance's state (std).
-var defaultCluster = new(Cluster)
+// own: IsLeader reads std.until, which it shares, and every other
+// exported method begins by asking isDefault and then answers from the
+// default instance's state (std).
+var defaultCluster = &Cluster{until: &std.until}
 
 // isDefault reports whether c is the default instance.
 func (c *Cluster) isDefault() bool { return c == defaultCluster }

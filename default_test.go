@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -439,9 +440,34 @@ func TestDefaultShutdownDuringInit(t *testing.T) {
 		t.Fatalf("Shutdown returned (%v) while Init ran", err)
 	case <-time.After(50 * time.Millisecond):
 	}
+	// Shutdown has been called: the acquisition it lets through must
+	// not make this process lead, not even until Init returns.
+	var sawLeader atomic.Bool
+	watched := make(chan struct{})
+	stopWatch := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			default:
+			}
+			if cluster.IsLeader() || cluster.Default().IsLeader() {
+				sawLeader.Store(true)
+			}
+			runtime.Gosched()
+		}
+	}()
 	close(proceed)
-	if err := <-initErr; !errors.Is(err, cluster.ErrShutdown) {
+	err := <-initErr
+	close(stopWatch)
+	<-watched
+	if !errors.Is(err, cluster.ErrShutdown) {
 		t.Fatalf("Init = %v, want ErrShutdown", err)
+	}
+	if sawLeader.Load() {
+		t.Fatal("IsLeader was true after Shutdown was called, while Init finished")
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown = %v", err)

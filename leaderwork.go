@@ -196,6 +196,7 @@ func (c *Cluster) Resign(ctx context.Context) error {
 	c.stats.resigns.Add(1)
 	c.retiring.Store(t)
 	t.end()
+	c.until.Store(0)
 	c.term.Store(nil)
 	c.mu.Unlock()
 

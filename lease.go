@@ -98,7 +98,7 @@ func (c *Cluster) step(ctx context.Context) time.Duration {
 // is retried promptly until the trust window ends.
 func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	start := mono()
-	until := t.until.Load()
+	until := c.until.Load()
 	if start >= until {
 		return c.selfFence(ctx, t)
 	}
@@ -111,9 +111,10 @@ func (c *Cluster) renew(ctx context.Context, t *term) time.Duration {
 	c.record(OpRenew, start, err)
 	now := mono()
 	switch {
-	case err == nil && now < until && t.until.CompareAndSwap(until, monoAfter(start, c.cfg.FenceTimeout)):
-		// The CAS fails when the term's timer ended the window meanwhile.
-		t.timer.Reset(c.untilMargin(t))
+	case err == nil && now < until && c.until.CompareAndSwap(until, monoAfter(start, c.cfg.FenceTimeout)):
+		// The CAS fails when the term's timer ended the window meanwhile,
+		// or Shutdown or Resign ended the term.
+		t.timer.Reset(c.untilMargin(c.until.Load()))
 		if c.renewFailures > 0 {
 			c.log.InfoContext(ctx, "cluster: renew succeeded after failures", "fencing_token", t.lease.FencingToken, "failures", c.renewFailures)
 			c.renewFailures = 0
@@ -176,7 +177,11 @@ func (c *Cluster) lose(t *term, reason Reason, err error) bool {
 	c.stats.renewFailures.Store(0)
 	t.end() // leader work stops before, or as, IsLeader turns false
 	c.mu.Lock()
-	ended := c.term.CompareAndSwap(t, nil)
+	ended := c.term.Load() == t
+	if ended {
+		c.until.Store(0) // IsLeader turns false before the term is gone
+		c.term.Store(nil)
+	}
 	c.mu.Unlock()
 	if !ended {
 		return false
@@ -224,7 +229,8 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		if err := c.verifyAcquired(ctx, l, start); err != nil {
 			return c.cfg.HeartbeatInterval
 		}
-		t := c.newTerm(l, start)
+		until := monoAfter(start, c.cfg.FenceTimeout)
+		t := c.newTerm(l, until)
 		c.mu.Lock()
 		if c.stopped {
 			// Shutdown began meanwhile: give back the term just granted.
@@ -238,6 +244,7 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.stats.termStart.Store(time.Now().UnixNano())
 		c.stats.acquisitions.Add(1)
 		c.term.Store(t)
+		c.until.Store(until) // after the term: IsLeader implies one
 		c.unsure = false
 		c.startWork(t)
 		c.mu.Unlock()
