@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/sqlfence/cluster/internal/ownstmt"
 	"github.com/sqlfence/cluster/provider"
 )
 
@@ -68,9 +69,10 @@ func SQLPool(db *sql.DB) provider.Pool { return sqlPool{db} }
 type sqlPool struct{ db *sql.DB }
 
 // Conn takes a connection, telling an exhausted pool apart from a slow
-// query.
+// query. Its context is marked as the provider's own (ownstmt), so that
+// a pool of clusterpgx.OpenDB skips pgx's liveness ping.
 func (p sqlPool) Conn(ctx context.Context) (provider.Querier, func(), error) {
-	conn, err := p.db.Conn(ctx)
+	conn, err := p.db.Conn(ownstmt.With(ctx))
 	if err == nil {
 		return sqlQuerier{conn}, func() { conn.Close() }, nil
 	}

@@ -31,12 +31,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sqlfence/cluster"
+	"github.com/sqlfence/cluster/internal/ownstmt"
 	"github.com/sqlfence/cluster/provider"
 )
 
@@ -344,7 +346,7 @@ func listen(ctx context.Context, conn *pgx.Conn, channel string, ready func(), n
 // Conn acquires a connection, telling an exhausted pool apart from a slow
 // server: a leader whose renews wait for a connection self-fences.
 func (a poolAdapter) Conn(ctx context.Context) (provider.Querier, func(), error) {
-	conn, err := a.p.Acquire(ctx)
+	conn, err := a.p.Acquire(ownstmt.With(ctx)) // see ShouldPing
 	if err == nil {
 		return querier{conn}, conn.Release, nil
 	}
@@ -355,4 +357,15 @@ func (a poolAdapter) Conn(ctx context.Context) (provider.Querier, func(), error)
 		}
 	}
 	return nil, nil, err
+}
+
+// ShouldPing is pgxpool's rule for [pgxpool.Config.ShouldPing] (ping a
+// connection idle for over a second before handing it out), except
+// before the statements a provider over the pool makes on its own
+// account (lease, membership, lanes), as on a pool of [OpenDB]. Set it on
+// a listening member's pool: a follower makes one statement per LeaseTTL,
+// and the ping would double its cost to the server. The provider retries
+// a statement that fails on a dead connection at its next step.
+func ShouldPing(ctx context.Context, p pgxpool.ShouldPingParams) bool {
+	return !ownstmt.Is(ctx) && p.IdleDuration > time.Second
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/fencedbegin"
+	"github.com/sqlfence/cluster/internal/ownstmt"
 	"github.com/sqlfence/cluster/provider"
 )
 
@@ -74,8 +75,23 @@ func (p stdlibPool) Listen(ctx context.Context, channel string, ready func(), no
 // pool; the one difference is the value [sql.Conn.Raw] hands its function:
 // not a *stdlib.Conn but a value that embeds one, so code that needs the
 // *pgx.Conn asserts interface{ Conn() *pgx.Conn }, which both have.
+//
+// Before the statements a provider over the pool makes on its own account
+// (lease, membership, lanes), its connections skip pgx's liveness ping,
+// which pgx sends before reusing a connection idle for over a second: a
+// listening follower makes one statement per LeaseTTL, and the ping would
+// double its cost to the server. The provider retries a statement that
+// fails on a dead connection at its next step. An [stdlib.OptionShouldPing]
+// in opts replaces this choice for every statement.
 func OpenDB(config pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
+	opts = append([]stdlib.OptionOpenDB{stdlib.OptionShouldPing(shouldPing)}, opts...)
 	return sql.OpenDB(fencingConnector{stdlib.GetConnector(config, opts...)})
+}
+
+// shouldPing is pgx's rule (ping a connection idle for over a second),
+// except before a provider's own statement.
+func shouldPing(ctx context.Context, p stdlib.ShouldPingParams) bool {
+	return !ownstmt.Is(ctx) && p.IdleDuration > time.Second
 }
 
 // OpenDBFromPool is [OpenDB] over a pgxpool, as stdlib.OpenDBFromPool: each

@@ -1,12 +1,15 @@
 package clusterpgx_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -610,5 +613,102 @@ func TestStdlibProviderHearsReleases(t *testing.T) {
 	}
 	if _, err := clusterpgx.NewStdlibProvider(nil, ""); !errors.Is(err, cluster.ErrInvalidConfig) {
 		t.Errorf("NewStdlibProvider(nil) = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// pingCounter counts the liveness pings pgx sends on a connection (the
+// simple query "-- ping").
+type pingCounter struct {
+	net.Conn
+	n *atomic.Int32
+}
+
+func (c pingCounter) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("-- ping")) {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(b)
+}
+
+// On a pool of OpenDB, and on a pgxpool with ShouldPing, the provider's
+// statements skip pgx's liveness ping, which a listening follower's one
+// statement per LeaseTTL would otherwise pay each time; the
+// application's statements keep it.
+func TestProviderStatementsSkipPing(t *testing.T) {
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	counting := func(pings *atomic.Int32) pgconn.DialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := new(net.Dialer).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return pingCounter{c, pings}, nil
+		}
+	}
+	for _, pool := range []struct {
+		name string
+		// open returns a provider over a pool of one connection that
+		// counts its pings, and the application's statement on the pool.
+		open func(pings *atomic.Int32) (*cluster.DBProvider, func() error)
+	}{
+		{"OpenDB", func(pings *atomic.Int32) (*cluster.DBProvider, func() error) {
+			cc, err := pgx.ParseConfig(tg.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc.DialFunc = counting(pings)
+			db := clusterpgx.OpenDB(*cc)
+			t.Cleanup(func() { db.Close() })
+			db.SetMaxOpenConns(1)
+			p, err := clusterpgx.NewStdlibProvider(db, tg.Prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p, func() error { _, err := db.ExecContext(ctx, "SELECT 1"); return err }
+		}},
+		{"pgxpool", func(pings *atomic.Int32) (*cluster.DBProvider, func() error) {
+			cfg, err := pgxpool.ParseConfig(tg.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.DialFunc = counting(pings)
+			cfg.MaxConns = 1
+			cfg.ShouldPing = clusterpgx.ShouldPing
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			return pgxProvider(t, tg, pool), func() error { _, err := pool.Exec(ctx, "SELECT 1"); return err }
+		}},
+	} {
+		t.Run(pool.name, func(t *testing.T) {
+			var pings atomic.Int32
+			p, appStatement := pool.open(&pings)
+			if err := p.Init(ctx); err != nil {
+				t.Fatal(err)
+			}
+			req := provider.LeaseRequest{Name: "leader-" + pool.name, Holder: "a", Instance: "a1", TTL: 10 * time.Second}
+			l, err := p.Acquire(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const idle = 1100 * time.Millisecond // pgx pings a connection idle for over a second
+			time.Sleep(idle)
+			if _, err := p.Renew(ctx, l, req.TTL); err != nil {
+				t.Fatal(err)
+			}
+			if n := pings.Load(); n != 0 {
+				t.Fatalf("%d pings before the provider's renew on a connection idle for %v, want none", n, idle)
+			}
+			time.Sleep(idle)
+			if err := appStatement(); err != nil {
+				t.Fatal(err)
+			}
+			if n := pings.Load(); n != 1 {
+				t.Fatalf("%d pings before the application's statement on a connection idle for %v, want pgx's one", n, idle)
+			}
+		})
 	}
 }
