@@ -6,7 +6,7 @@ require (
 	github.com/go-logr/logr v1.4.4
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqlfence/cluster v0.0.0-20261207045636-02190333f78f
+	github.com/sqlfence/cluster v0.0.0-20261207130504-9e4c1baa4f2d
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/etcd/server/v3 v3.7.3
 	go.uber.org/zap v1.27.1

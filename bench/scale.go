@@ -26,7 +26,7 @@ import (
 type scalePoint struct {
 	Via         string  `json:"via"`                 // direct or pgbouncer
 	Driver      string  `json:"driver"`              // sql (database/sql over pgx's stdlib) or pgx (clusterpgx over pgxpool)
-	NoPing      bool    `json:"noPing,omitempty"`    // the members' pools skip pgx's ping before reusing a connection
+	Ping        string  `json:"ping,omitempty"`      // when the members' pools ping a connection idle for over a second: app, pgx, none (see target.ping)
 	PgHandoff   string  `json:"pgHandoff,omitempty"` // notify: the followers LISTEN (direct only)
 	N           int     `json:"n"`
 	Conns       int     `json:"connsPerMember"`
@@ -113,7 +113,7 @@ func scale(ctx context.Context, args []string) error {
 	out := fs.String("out", "results", "directory of the JSON results")
 	name := fs.String("name", "", "the series' name: results/scale-NAME.json and the plots' legend (default: -via)")
 	verbose := fs.Bool("v", false, "log progress and the members' warnings")
-	ping := fs.Bool("ping", true, "let pgx ping a connection idle for over a second before reusing it (its default); -ping=false turns that off in the members' pools")
+	ping := fs.String("ping", "app", "when the members' pools ping a PostgreSQL connection idle for over a second before reusing it: app (before the application's statements, not the provider's: clusterpgx.OpenDB, clusterpgx.ShouldPing), pgx (before every statement: stdlib.OpenDB, pgxpool's default), none")
 	pgHandoff := fs.String("pg-handoff", pgHandoffPoll, "poll, or notify: the members LISTEN for releases (clusterpgx's providers; -via direct only, as a transaction pooler cannot LISTEN) and, hearing, a follower polls once per LeaseTTL")
 	probe := fs.Bool("probe", false, "run a probe process beside the members (SELECT 1 through PgBouncer and directly, and 1ms sleeps) and record, for each trial, the slowest of each and the bench's own scheduling latency and GC pauses")
 	if err := fs.Parse(args); err != nil {
@@ -124,6 +124,9 @@ func scale(ctx context.Context, args []string) error {
 	}
 	if *driver != "sql" && *driver != "pgx" {
 		return fmt.Errorf("-driver %q: want sql or pgx", *driver)
+	}
+	if *ping != "app" && *ping != "pgx" && *ping != "none" {
+		return fmt.Errorf("-ping %q: want app, pgx or none", *ping)
 	}
 	_, pgConfig, err := pgHandoffMode(*pgHandoff)
 	if err != nil {
@@ -200,7 +203,7 @@ func scale(ctx context.Context, args []string) error {
 	}
 
 	prefix := newPrefix()
-	tg := target{name: "postgres", dialect: cluster.Postgres, driver: "pgx", dsn: memberDSN, pgx: *driver == "pgx", prefix: prefix, noPing: !*ping}
+	tg := target{name: "postgres", dialect: cluster.Postgres, driver: "pgx", dsn: memberDSN, pgx: *driver == "pgx", prefix: prefix, ping: *ping}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -213,7 +216,7 @@ func scale(ctx context.Context, args []string) error {
 
 	var points []scalePoint
 	for _, n := range counts {
-		p := scalePoint{Via: *via, Driver: *driver, NoPing: !*ping, PgHandoff: *pgHandoff, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
+		p := scalePoint{Via: *via, Driver: *driver, Ping: *ping, PgHandoff: *pgHandoff, N: n, Conns: *conns, TTLMs: ms(*ttl), HeartbeatMs: ms(*heartbeat), WindowSec: window.Seconds()}
 		if *via == "direct" {
 			if err := checkHeadroom(ctx, admin, n**conns+1, *headroom); err != nil {
 				p.Limited = err.Error()

@@ -32,11 +32,13 @@ type target struct {
 	dsn     string
 	pgx     bool   // members hold the lease through clusterpgx
 	prefix  string // table prefix, unique to the run
-	// noPing turns off the liveness ping pgx (pgxpool and stdlib alike)
-	// sends before reusing a PostgreSQL connection idle for over a second:
-	// with heartbeats of a second or more, that is before every statement
-	// of a member, a round trip and a server transaction each.
-	noPing bool
+	// ping is when pgx (pgxpool and stdlib alike) sends its liveness ping
+	// before reusing a PostgreSQL connection idle for over a second, a
+	// round trip and a server transaction: "app" (the default) before the
+	// application's statements only, as on a pool of clusterpgx.OpenDB or
+	// a pgxpool with clusterpgx.ShouldPing; "pgx" before every statement,
+	// the provider's too (stdlib.OpenDB, pgxpool's default); "none" never.
+	ping string
 	// beginFenced fences the application's transactions with
 	// clusterpgx.BeginFenced (pgx) or Cluster.BeginFenced
 	// (database/sql, on a pool of clusterpgx.OpenDB): the BEGIN and the
@@ -113,8 +115,11 @@ func (tg target) openMember(ctx context.Context, conns int) (memberDB, error) {
 		}
 		cfg.MaxConns = int32(conns)
 		cfg.MinConns = 0
-		if tg.noPing {
+		switch tg.ping {
+		case "none":
 			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		case "app", "":
+			cfg.ShouldPing = clusterpgx.ShouldPing
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
@@ -123,18 +128,20 @@ func (tg target) openMember(ctx context.Context, conns int) (memberDB, error) {
 		return memberDB{pool: pool, close: func() error { pool.Close(); return nil }}, nil
 	}
 	var db *sql.DB
-	if tg.dialect == cluster.Postgres && (tg.noPing || tg.beginFenced) {
+	if tg.dialect == cluster.Postgres {
 		cc, err := pgx.ParseConfig(tg.dsn)
 		if err != nil {
 			return memberDB{}, err
 		}
 		var opts []stdlib.OptionOpenDB
-		if tg.noPing {
+		open := clusterpgx.OpenDB // its transactions can begin fenced; see ping
+		switch {
+		case tg.ping == "none":
 			opts = append(opts, stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false }))
-		}
-		open := stdlib.OpenDB
-		if tg.beginFenced {
-			open = clusterpgx.OpenDB // its transactions can begin fenced
+		case tg.ping == "pgx" && tg.beginFenced:
+			opts = append(opts, stdlib.OptionShouldPing(func(_ context.Context, p stdlib.ShouldPingParams) bool { return p.IdleDuration > time.Second }))
+		case tg.ping == "pgx":
+			open = stdlib.OpenDB
 		}
 		db = open(*cc, opts...)
 	} else {

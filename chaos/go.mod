@@ -6,7 +6,7 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqlfence/cluster v0.0.0-20261207045636-02190333f78f
+	github.com/sqlfence/cluster v0.0.0-20261207130504-9e4c1baa4f2d
 	golang.org/x/sys v0.50.0
 	modernc.org/sqlite v1.62.0
 )

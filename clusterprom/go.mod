@@ -6,7 +6,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
-	github.com/sqlfence/cluster v0.0.0-20261207045636-02190333f78f
+	github.com/sqlfence/cluster v0.0.0-20261207130504-9e4c1baa4f2d
 	go.uber.org/goleak v1.3.0
 )
 

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/sqlfence/cluster v0.0.0-20261207045636-02190333f78f
+	github.com/sqlfence/cluster v0.0.0-20261207130504-9e4c1baa4f2d
 	modernc.org/sqlite v1.62.0
 )
 
