@@ -284,8 +284,20 @@ func TestBeginFencedSQL(t *testing.T) {
 			// The driver closed the connection whose statement it gave up
 			// on; the server process, granted the row once the holder let
 			// go, ends when it finds its client gone, a moment later.
-			if !waitUntil(2*time.Second, func() bool { return lockable() == nil }) {
-				t.Errorf("the lease row is still locked 2s after a BeginFencedSQL past its deadline: %v", lockable())
+			// Until then it may still be waiting for the row, and take it
+			// after a first check found it free: wait for no server
+			// process in a transaction on the lease table but members'
+			// statements in flight, and then for the row to be free.
+			settled := func() bool {
+				var busy int
+				err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE pid <> pg_backend_pid() AND xact_start IS NOT NULL
+					AND (wait_event_type = 'Lock' OR state <> 'active') AND position($1 in query) > 0`,
+					tg.Prefix+"lease").Scan(&busy)
+				return err == nil && busy == 0 && lockable() == nil
+			}
+			if !waitUntil(3*time.Second, settled) {
+				t.Errorf("the lease row is still locked 3s after a BeginFencedSQL past its deadline: %v", lockable())
 			}
 			if inTransaction(t, app) {
 				t.Error("a BeginFencedSQL past its deadline left its transaction open")
