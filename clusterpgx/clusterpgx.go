@@ -31,7 +31,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -367,5 +366,5 @@ func (a poolAdapter) Conn(ctx context.Context) (provider.Querier, func(), error)
 // and the ping would double its cost to the server. The provider retries
 // a statement that fails on a dead connection at its next step.
 func ShouldPing(ctx context.Context, p pgxpool.ShouldPingParams) bool {
-	return !ownstmt.Is(ctx) && p.IdleDuration > time.Second
+	return ownstmt.ShouldPing(ctx, p.IdleDuration)
 }

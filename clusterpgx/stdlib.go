@@ -91,7 +91,7 @@ func OpenDB(config pgx.ConnConfig, opts ...stdlib.OptionOpenDB) *sql.DB {
 // shouldPing is pgx's rule (ping a connection idle for over a second),
 // except before a provider's own statement.
 func shouldPing(ctx context.Context, p stdlib.ShouldPingParams) bool {
-	return !ownstmt.Is(ctx) && p.IdleDuration > time.Second
+	return ownstmt.ShouldPing(ctx, p.IdleDuration)
 }
 
 // OpenDBFromPool is [OpenDB] over a pgxpool, as stdlib.OpenDBFromPool: each

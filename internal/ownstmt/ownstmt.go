@@ -8,7 +8,10 @@
 // next step, on another connection, as any failed statement is.
 package ownstmt
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 type key struct{}
 
@@ -19,4 +22,11 @@ func With(ctx context.Context) context.Context { return context.WithValue(ctx, k
 func Is(ctx context.Context) bool {
 	v, _ := ctx.Value(key{}).(bool)
 	return v
+}
+
+// ShouldPing is pgx's rule for a liveness ping (a connection idle for
+// over a second), except in a marked context: the one rule of
+// clusterpgx's pools, pgxpool's and database/sql's alike.
+func ShouldPing(ctx context.Context, idle time.Duration) bool {
+	return !Is(ctx) && idle > time.Second
 }
