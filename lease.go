@@ -421,30 +421,15 @@ type observed struct {
 	free  bool
 }
 
-// observe emits leader-changed when o differs from the last term or free
-// lease this node observed.
+// observe records o as the last term or free lease this node observed
+// and emits leader-changed, unless it is the one already recorded.
 func (c *Cluster) observe(o observed, leader, endpoint string) {
-	c.noteSeen(o, leader, endpoint, false)
-}
-
-// observeNewer is observe for a term learnt outside the heartbeat
-// goroutine (a grant in this process): it is ignored unless its token is
-// above the last one observed, so that it never reports an older term
-// after a newer one.
-func (c *Cluster) observeNewer(o observed, leader, endpoint string) {
-	c.noteSeen(o, leader, endpoint, true)
-}
-
-// noteSeen records o as the last term or free lease observed and emits
-// leader-changed, unless it is the one already recorded (or, newerOnly,
-// not above it).
-func (c *Cluster) noteSeen(o observed, leader, endpoint string, newerOnly bool) {
 	if o.free {
 		leader, endpoint = "", ""
 	}
 	c.seenMu.Lock()
 	defer c.seenMu.Unlock()
-	if c.seen == o || newerOnly && o.token <= c.seen.token {
+	if c.seen == o {
 		return
 	}
 	c.seen, c.seenEndpoint = o, endpoint
