@@ -172,8 +172,11 @@ func (c *Cluster) expire(t *term) {
 	if c.term.Load() != t {
 		return // t ended meanwhile; its timer had already fired
 	}
+	// The new deadline is never u itself, even when the timer ran late: a
+	// renew that read the clock before u and compares-and-swaps from u
+	// must fail, or it would extend a window whose term is cancelled.
 	u := c.until.Load()
-	if now := mono(); now < u-int64(c.termMargin()) || !c.until.CompareAndSwap(u, min(u, now)) {
+	if now := mono(); now < u-int64(c.termMargin()) || !c.until.CompareAndSwap(u, min(u-1, now)) {
 		t.timer.Reset(c.untilMargin(c.until.Load())) // renewed meanwhile
 		return
 	}
@@ -356,9 +359,12 @@ func leads(until int64) bool {
 func (c *Cluster) errShutdown() error { return c.errDown }
 
 // liveTerm returns the term this node leads in, or nil when it holds none
-// or its trust window has ended.
+// or its trust window has ended. The deadline read is t's only if t is
+// still current after it (terms are never reused, a new term is stored
+// before its deadline and an ended one's deadline is cleared first), so
+// it never pairs one term with the next term's window.
 func (c *Cluster) liveTerm() *term {
-	if t := c.term.Load(); t != nil && mono() < c.until.Load() {
+	if t := c.term.Load(); t != nil && mono() < c.until.Load() && c.term.Load() == t {
 		return t
 	}
 	return nil

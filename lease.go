@@ -245,6 +245,10 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 		c.stats.acquisitions.Add(1)
 		c.term.Store(t)
 		c.until.Store(until) // after the term: IsLeader implies one
+		// Re-armed now that t is current: a timer that fired before (a
+		// grant that took nearly the whole window) found another term
+		// and did nothing.
+		t.timer.Reset(c.untilMargin(until))
 		c.unsure = false
 		c.startWork(t)
 		c.mu.Unlock()
