@@ -74,9 +74,10 @@
 // next item; a node that lost the lane is refused ([ErrLaneHeld]).
 // [Cluster.OwnsLane] is an allocation-free hint from a cache that a keeper
 // goroutine refreshes when it renews the node's lanes, once per heartbeat.
-// A node holds at most its fair share, ⌈lanes / members⌉, and
-// [Config.MaxLanes]; the keeper hands over the lanes above it
-// ([ErrLaneLimit] refuses a claim above it). [Cluster.Shutdown] releases
+// The lanes spread over the live members to within one of even (4 over
+// 3 is 2/1/1), and a node holds at most [Config.MaxLanes]; the keeper
+// hands over the lanes above a node's share ([ErrLaneLimit] refuses a
+// claim above it). [Cluster.Shutdown] releases
 // the node's lanes at once; the lanes of a node that died expire after
 // [Config.LeaseTTL] by the database clock. [Cluster.LaneOwner] reads who
 // holds any lane now, by the database clock, for reporting and routing;

@@ -129,7 +129,8 @@ type Querier interface {
 	// it changed.
 	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
 	// QueryRow runs a statement that returns at most one row. Scanning a
-	// missing row returns an error that matches cluster.ErrNoRows.
+	// missing row returns an error that matches [database/sql.ErrNoRows]
+	// (pgx.ErrNoRows matches it since pgx v5.6).
 	QueryRow(ctx context.Context, query string, args ...any) Row
 }
 

@@ -112,7 +112,7 @@ func main() {
 	}
 	rest := without(nodes, first)
 	second := waitForLeader(rest)
-	fmt.Printf("%s took over %v after the release: the release woke the followers, which are in this process (across processes, PostgreSQL's NOTIFY does that; otherwise they poll every %v).\n",
+	fmt.Printf("%s took over %v after the release, at its next poll: each node here has a pool, and so a provider, of its own, and a follower polls once per heartbeat (%v). Nodes sharing one provider, or listening on PostgreSQL through clusterpgx, take over within milliseconds.\n",
 		second.NodeID(), time.Since(start).Round(time.Millisecond), heartbeat)
 	report(ctx, second, rest)
 
