@@ -102,6 +102,9 @@ var (
 // result in a type of your own, or delegate to it, to wrap it (metrics,
 // tracing): every capability stays.
 func NewDBProvider(db *sql.DB, dialect Dialect, tablePrefix string) (*DBProvider, error) {
+	if db == nil {
+		return nil, configErrorf("NewDBProvider needs a *sql.DB, got nil")
+	}
 	cfg, err := Config{NodeID: "-", DB: db, Dialect: dialect, TablePrefix: tablePrefix}.resolve()
 	if err != nil {
 		return nil, err

@@ -874,3 +874,14 @@ func TestSeenWithoutRowIsErrNotMember(t *testing.T) {
 		}
 	})
 }
+
+// The constructors refuse a missing pool with an error that names the
+// argument, not a Config field the caller never used.
+func TestProviderConstructorsRefuseNil(t *testing.T) {
+	if _, err := cluster.NewDBProvider(nil, cluster.SQLite, ""); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "NewDBProvider needs a *sql.DB") {
+		t.Errorf("NewDBProvider(nil) = %v, want ErrInvalidConfig naming the *sql.DB argument", err)
+	}
+	if _, err := cluster.NewSQLProvider(nil, cluster.SQLite, ""); !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "NewSQLProvider needs a Pool") {
+		t.Errorf("NewSQLProvider(nil) = %v, want ErrInvalidConfig naming the Pool argument", err)
+	}
+}
