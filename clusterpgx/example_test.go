@@ -90,3 +90,40 @@ func ExampleOpenDB() {
 		log.Print(err)
 	}
 }
+
+// Tx adapts a pgx transaction to the cluster's calls that run inside the
+// caller's transaction: Fence, ClaimLane and AdvanceTip. (Compiled, not
+// run: it needs a PostgreSQL.)
+func ExampleTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db.internal/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	provider, err := clusterpgx.NewProvider(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := cluster.New(ctx, cluster.Config{NodeID: "worker-1", Provider: provider})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Shutdown(ctx)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	token, err := c.ClaimLane(ctx, clusterpgx.Tx(tx), "tenant-42") // or c.Fence(ctx, clusterpgx.Tx(tx))
+	if err != nil {
+		log.Fatal(err) // errors.Is(err, cluster.ErrLaneHeld): another node owns the lane
+	}
+	if _, err := tx.Exec(ctx, "UPDATE tenants SET plan = $1, lane_token = $2 WHERE id = $3", "pro", int64(token), 42); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
