@@ -190,17 +190,6 @@ func splitStatements(src string) []string {
 	return out
 }
 
-// schemaFile reads an embedded schema file with {{prefix}} substituted.
-// The prefix was validated against prefixPattern, so it is a plain
-// identifier.
-func schemaFile(name, prefix string) string {
-	b, err := schemaFS.ReadFile("schema/" + name)
-	if err != nil {
-		panic("cluster: missing embedded schema/" + name) // a build defect, not input
-	}
-	return strings.ReplaceAll(string(b), "{{prefix}}", prefix)
-}
-
 // queryFile reads an embedded queries file with every table and function
 // it names qualified by schema (a quoted schema name and a dot, "main.",
 // or "" for none), so that a temporary table of the same name, which
