@@ -24,17 +24,6 @@ import (
 // these tests do not run in parallel with each other; each starts from a
 // fresh instance through useDefault.
 
-// useDefault gives the test a default instance on which Init was never
-// called, and shuts it down and forgets it when the test ends.
-func useDefault(t *testing.T) {
-	t.Helper()
-	cluster.ResetDefault()
-	t.Cleanup(func() {
-		cluster.Shutdown(context.Background())
-		cluster.ResetDefault()
-	})
-}
-
 func discover(t *testing.T) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()

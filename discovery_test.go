@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -17,21 +16,6 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 	"github.com/sqlfence/cluster/provider"
 )
-
-// get calls h and returns the status, the headers and the decoded body.
-func get(t *testing.T, h http.Handler, method string) (int, http.Header, map[string]any, string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, "/cluster/leader", nil))
-	raw := rec.Body.String()
-	var body map[string]any
-	if method != http.MethodHead {
-		if err := json.Unmarshal([]byte(raw), &body); err != nil {
-			t.Fatalf("body %q is not JSON: %v", raw, err)
-		}
-	}
-	return rec.Code, rec.Header(), body, raw
-}
 
 func TestDiscoveryHandler(t *testing.T) {
 	t.Parallel()

@@ -409,19 +409,6 @@ func TestMariaDBFenceBoundsIdleBeforeLocking(t *testing.T) {
 	}
 }
 
-// recordingTx is a provider.Querier over tx that records the statements.
-type recordingTx struct {
-	tx      *sql.Tx
-	queries []string
-	after   func(query string) // if set, runs after each statement
-}
-
-// untouchedTx is a Tx for calls that must not run a statement in it (the
-// default instance when Init was never called, or in a state that fails
-// closed): any statement fails, so a call that touched it would return
-// that error instead of the one the test wants.
-type untouchedTx struct{}
-
 var errTouched = errors.New("untouchedTx: a statement ran in a transaction that should not have been touched")
 
 func (untouchedTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
@@ -443,22 +430,6 @@ func (execOnly) ExecContext(context.Context, string, ...any) (sql.Result, error)
 	return nil, errors.New("execOnly runs nothing")
 }
 
-func (r *recordingTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	return nil, errors.New("recordingTx: use Exec")
-}
-
-func (r *recordingTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	r.queries = append(r.queries, query)
-	res, err := r.tx.ExecContext(ctx, query, args...)
-	if r.after != nil {
-		r.after(query)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
 // afterScan is a row that runs after once it is scanned (and its
 // statement done with the connection).
 type afterScan struct {
@@ -470,14 +441,6 @@ func (a afterScan) Scan(dest ...any) error {
 	err := a.row.Scan(dest...)
 	a.after()
 	return err
-}
-
-func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
-	r.queries = append(r.queries, query)
-	if r.after == nil {
-		return r.tx.QueryRowContext(ctx, query, args...)
-	}
-	return afterScan{r.tx.QueryRowContext(ctx, query, args...), func() { r.after(query) }}
 }
 
 // A follower's attempt on a held lease neither locks the lease row nor

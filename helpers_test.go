@@ -7,11 +7,17 @@ package cluster_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,9 +25,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudflare/circl/kem"
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
 	"github.com/sqlfence/cluster/provider"
+	"github.com/sqlfence/cluster/providertest"
 )
 
 // node is a cluster member under test with its own connection pool and a
@@ -867,4 +875,465 @@ func initProvider(t *testing.T, tg testdb.Target, db *sql.DB) *cluster.DBProvide
 		t.Fatal(err)
 	}
 	return p
+}
+
+// useDefault gives the test a default instance on which Init was never
+// called, and shuts it down and forgets it when the test ends.
+func useDefault(t *testing.T) {
+	t.Helper()
+	cluster.ResetDefault()
+	t.Cleanup(func() {
+		cluster.Shutdown(context.Background())
+		cluster.ResetDefault()
+	})
+}
+
+// get calls h and returns the status, the headers and the decoded body.
+func get(t *testing.T, h http.Handler, method string) (int, http.Header, map[string]any, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, "/cluster/leader", nil))
+	raw := rec.Body.String()
+	var body map[string]any
+	if method != http.MethodHead {
+		if err := json.Unmarshal([]byte(raw), &body); err != nil {
+			t.Fatalf("body %q is not JSON: %v", raw, err)
+		}
+	}
+	return rec.Code, rec.Header(), body, raw
+}
+
+// recordingTx is a provider.Querier over tx that records the statements.
+type recordingTx struct {
+	tx      *sql.Tx
+	queries []string
+	after   func(query string) // if set, runs after each statement
+}
+
+// untouchedTx is a Tx for calls that must not run a statement in it (the
+// default instance when Init was never called, or in a state that fails
+// closed): any statement fails, so a call that touched it would return
+// that error instead of the one the test wants.
+type untouchedTx struct{}
+
+// probe serves one request to h and returns the status and JSON body.
+func probe(t *testing.T, h http.Handler, method string) (int, map[string]any, http.Header) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, "/", nil))
+	var body map[string]any
+	if method == http.MethodGet && strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: body %q: %v", method, rec.Body.String(), err)
+		}
+	}
+	if method == http.MethodHead && rec.Body.Len() != 0 {
+		t.Fatalf("HEAD answered with a body: %q", rec.Body.String())
+	}
+	return rec.Code, body, rec.Header()
+}
+
+// slowSeen is the default provider whose membership refreshes (Seen)
+// last until their deadline: a members table whose rows are locked, or a
+// database too busy for membership writes.
+type slowSeen struct {
+	*cluster.DBProvider
+	n atomic.Int32
+}
+
+// openCounting opens tg through a connector that counts statements.
+func openCounting(t *testing.T, tg testdb.Target, n *atomic.Int64) *sql.DB {
+	t.Helper()
+	return openCountingOnly(t, tg, n, nil)
+}
+
+// slow gives nodes a poll so slow (every 5s) that a takeover within a
+// fraction of it can only come from a wake-up.
+func slow(c *cluster.Config) {
+	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
+}
+
+// expectedLaneRefusal reports an error a lane worker expects: the lane is
+// another node's, or the worker's node is gone.
+func expectedLaneRefusal(err error) bool {
+	return errors.Is(err, cluster.ErrLaneHeld) || errors.Is(err, cluster.ErrLaneLimit) ||
+		errors.Is(err, cluster.ErrShutdown) || errors.Is(err, sql.ErrConnDone) ||
+		strings.Contains(err.Error(), "database is closed")
+}
+
+// joinFailsOnce is the default provider whose first membership join fails,
+// as under write contention at start.
+type joinFailsOnce struct {
+	*cluster.DBProvider
+	failed atomic.Bool
+}
+
+// claimLane claims key for n in a transaction of its own, committed.
+func claimLane(ctx context.Context, n *node, key string) (uint64, error) {
+	tx, err := n.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	token, err := n.ClaimLane(ctx, tx, key)
+	if err != nil {
+		return 0, err
+	}
+	return token, tx.Commit()
+}
+
+// createLaneLog creates <prefix>lane_seq, a counter per lane, and
+// <prefix>lane_writes, where laneWrite appends (lane, seq, token, node).
+func createLaneLog(t *testing.T, tg testdb.Target, db *sql.DB) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE " + tg.Prefix + "lane_seq (lane VARCHAR(64) PRIMARY KEY, n BIGINT NOT NULL)",
+		"CREATE TABLE " + tg.Prefix + "lane_writes (lane VARCHAR(64) NOT NULL, seq BIGINT NOT NULL, token BIGINT NOT NULL, node VARCHAR(16) NOT NULL, PRIMARY KEY (lane, seq))",
+	} {
+		if _, err := db.ExecContext(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// laneWrite appends one row to lane key's log in a transaction that
+// begins with ClaimLane: the row's seq comes from the lane's counter,
+// read after the claim, so seq order is the lane's commit order; its
+// token is the one the claim returned.
+func laneWrite(ctx context.Context, n *node, d cluster.Dialect, prefix, key string) (uint64, error) {
+	return laneWriteOn(ctx, n.Cluster, n.db, d, prefix, key)
+}
+
+// laneWriteOn is laneWrite for a member c writing through db.
+func laneWriteOn(ctx context.Context, c *cluster.Cluster, db *sql.DB, d cluster.Dialect, prefix, key string) (uint64, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	token, err := c.ClaimLane(ctx, tx, key)
+	if err != nil {
+		return 0, err
+	}
+	var s int64
+	err = tx.QueryRowContext(ctx, bind(d, "SELECT n FROM "+prefix+"lane_seq WHERE lane = ?"), key).Scan(&s)
+	switch {
+	case err == sql.ErrNoRows:
+		if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"lane_seq (lane, n) VALUES (?, 0)"), key); err != nil {
+			return 0, err
+		}
+	case err != nil:
+		return 0, err
+	}
+	s++
+	if _, err := tx.ExecContext(ctx, bind(d, "UPDATE "+prefix+"lane_seq SET n = ? WHERE lane = ?"), s, key); err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, bind(d, "INSERT INTO "+prefix+"lane_writes (lane, seq, token, node) VALUES (?, ?, ?, ?)"), key, s, token, c.NodeID()); err != nil {
+		return 0, err
+	}
+	return token, tx.Commit()
+}
+
+// readLaneLog returns each lane's log in commit order, failing the test
+// if a lane's token ever decreases along it, or if one token of a lane
+// was written by two nodes.
+func readLaneLog(t *testing.T, tg testdb.Target, db *sql.DB) map[string][]laneEntry {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), "SELECT lane, seq, token, node FROM "+tg.Prefix+"lane_writes ORDER BY lane, seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]laneEntry{}
+	owner := map[string]string{} // lane/token -> node
+	for rows.Next() {
+		var lane string
+		var e laneEntry
+		if err := rows.Scan(&lane, &e.seq, &e.token, &e.node); err != nil {
+			t.Fatal(err)
+		}
+		log := out[lane]
+		if n := len(log); n > 0 && e.token < log[n-1].token {
+			t.Fatalf("lane %s: commit %d by %s has token %d after commit %d with token %d", lane, e.seq, e.node, e.token, log[n-1].seq, log[n-1].token)
+		}
+		id := fmt.Sprintf("%s/%d", lane, e.token)
+		if o, ok := owner[id]; ok && o != e.node {
+			t.Fatalf("lane %s: token %d written by %s and %s", lane, e.token, o, e.node)
+		}
+		owner[id] = e.node
+		out[lane] = append(log, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// watchLaneOwners samples OwnsLane on every node for every key until the
+// test ends, and fails it if two nodes own one lane at the same instant
+// (both seen owning it in two consecutive passes).
+func watchLaneOwners(t *testing.T, keys []string, nodes ...*node) {
+	t.Helper()
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first := make([][]bool, len(nodes))
+		for i := range first {
+			first[i] = make([]bool, len(keys))
+		}
+		for !stop.Load() {
+			for i, n := range nodes {
+				for j, k := range keys {
+					first[i][j] = n.OwnsLane(k)
+				}
+			}
+			for j, k := range keys {
+				var owners []string
+				for i, n := range nodes {
+					if first[i][j] && n.OwnsLane(k) {
+						owners = append(owners, n.NodeID())
+					}
+				}
+				if len(owners) > 1 {
+					t.Errorf("lane %s owned by %v at once", k, owners)
+					return
+				}
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	t.Cleanup(func() {
+		stop.Store(true)
+		<-done
+	})
+}
+
+// laneWorker writes to the keys it owns, in a loop, and tries the others
+// every fourth round, until stopped: what a partitioned consumer does,
+// polling its own keys (OwnsLane) and looking for free ones now and then.
+// Refused claims are expected.
+type laneWorker struct {
+	stop  chan struct{}
+	done  sync.WaitGroup
+	mu    sync.Mutex
+	wrote map[string]int
+	errs  []error
+}
+
+func startLaneWorker(t *testing.T, tg testdb.Target, n *node, keys []string, pause time.Duration) *laneWorker {
+	t.Helper()
+	w := &laneWorker{stop: make(chan struct{}), wrote: map[string]int{}}
+	w.done.Go(func() {
+		ctx := context.Background()
+		for round := 0; ; round++ {
+			for _, k := range keys {
+				select {
+				case <-w.stop:
+					return
+				default:
+				}
+				if round%4 != 0 && !n.OwnsLane(k) {
+					continue
+				}
+				_, err := laneWrite(ctx, n, tg.Dialect, tg.Prefix, k)
+				w.mu.Lock()
+				switch {
+				case err == nil:
+					w.wrote[k]++
+				case expectedLaneRefusal(err):
+				default:
+					w.errs = append(w.errs, err)
+				}
+				w.mu.Unlock()
+				if err == nil {
+					// Leave SQLite's write lock to the others a moment, as a
+					// worker doing real work between transactions would.
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(pause):
+			}
+		}
+	})
+	t.Cleanup(w.halt)
+	return w
+}
+
+// lanesOf returns how many of keys each node owns.
+func lanesOf(keys []string, nodes ...*node) []int {
+	out := make([]int, len(nodes))
+	for i, n := range nodes {
+		for _, k := range keys {
+			if n.OwnsLane(k) {
+				out[i]++
+			}
+		}
+	}
+	return out
+}
+
+// sqlLaneTarget is the lane suite's target on tg: the default provider,
+// with claims in database/sql transactions.
+func sqlLaneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
+	t.Helper()
+	db := tg.Open(t)
+	initProvider(t, tg, db)
+	return providertest.LaneTarget{
+		Open: func() provider.LaneStore { return initProvider(t, tg, tg.Open(t)) },
+		Begin: func(ctx context.Context) (providertest.Tx, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			return providertest.SQLTx(tx), nil
+		},
+	}
+}
+
+// dbNow is the database clock in unix ms on d, as the package reads it.
+func dbNow(d cluster.Dialect) string {
+	if d == cluster.SQLite {
+		return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+	}
+	return "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+}
+
+// unknownDriver is a database/sql driver the package cannot identify.
+type unknownDriver struct{}
+
+// longestSchemaSuffix reads the schema files for the longest identifier
+// they build from the table prefix, {{prefix}} followed by [a-z0-9_]+, and
+// returns what follows the prefix.
+func longestSchemaSuffix(t testing.TB) string {
+	t.Helper()
+	files, err := filepath.Glob("schema/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("schema files: %v, %v", files, err)
+	}
+	longest := ""
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`\{\{prefix\}\}([a-z0-9_]+)`).FindAllSubmatch(b, -1) {
+			if len(m[1]) > len(longest) {
+				longest = string(m[1])
+			}
+		}
+	}
+	return longest
+}
+
+// opLog records what Config.Observer is told.
+type opLog struct {
+	mu  sync.Mutex
+	ops []cluster.Operation
+}
+
+// fpOf returns the fingerprint of a ring of one ML-KEM-768 key derived from
+// seed offset off.
+func fpOf(t *testing.T, off byte) string {
+	t.Helper()
+	fp, err := cluster.VaultKeyFingerprint(vaultKey(t, mlkem768, off))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fp
+}
+
+// vaultNode starts a node with vault keys derived from off, or returns the
+// error New returned.
+func vaultNode(t *testing.T, tg testdb.Target, id string, off byte, edit ...func(*cluster.Config)) (*node, error) {
+	t.Helper()
+	cfg := tg.Config(t, tg.Open(t), id)
+	cfg.VaultKeys = []kem.PublicKey{vaultKey(t, mlkem768, off)}
+	log := newEventLog()
+	cfg.Events = log.ch
+	for _, e := range edit {
+		e(&cfg)
+	}
+	c, err := cluster.New(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	return &node{Cluster: c, events: log}, nil
+}
+
+func (r *recordingTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return nil, errors.New("recordingTx: use Exec")
+}
+
+func (r *recordingTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r.queries = append(r.queries, query)
+	res, err := r.tx.ExecContext(ctx, query, args...)
+	if r.after != nil {
+		r.after(query)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (r *recordingTx) QueryRow(ctx context.Context, query string, args ...any) provider.Row {
+	r.queries = append(r.queries, query)
+	if r.after == nil {
+		return r.tx.QueryRowContext(ctx, query, args...)
+	}
+	return afterScan{r.tx.QueryRowContext(ctx, query, args...), func() { r.after(query) }}
+}
+
+func (p *slowSeen) Seen(ctx context.Context, scope, instance string) error {
+	p.n.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (p *joinFailsOnce) Join(ctx context.Context, scope string, m cluster.Member) error {
+	if !p.failed.Swap(true) {
+		return errors.New("join the cluster: context deadline exceeded")
+	}
+	return p.DBProvider.Join(ctx, scope, m)
+}
+
+// halt stops the worker and waits for it; it may be called again.
+func (w *laneWorker) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	w.done.Wait()
+}
+
+// unexpected returns the errors other than refused claims.
+func (w *laneWorker) unexpected() []error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.errs)
+}
+
+func (l *opLog) add(o cluster.Operation) {
+	l.mu.Lock()
+	l.ops = append(l.ops, o)
+	l.mu.Unlock()
+}
+
+func (l *opLog) count(kind cluster.OpKind, outcome cluster.Outcome) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, o := range l.ops {
+		if o.Kind == kind && o.Outcome == outcome {
+			n++
+		}
+	}
+	return n
 }

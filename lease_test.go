@@ -888,12 +888,6 @@ type dsnConnector struct {
 func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.d.Open(c.dsn) }
 func (c dsnConnector) Driver() driver.Driver                        { return c.d }
 
-// openCounting opens tg through a connector that counts statements.
-func openCounting(t *testing.T, tg testdb.Target, n *atomic.Int64) *sql.DB {
-	t.Helper()
-	return openCountingOnly(t, tg, n, nil)
-}
-
 // openCountingOnly is openCounting that counts only the statements only
 // accepts.
 func openCountingOnly(t *testing.T, tg testdb.Target, n *atomic.Int64, only func(query string) bool) *sql.DB {

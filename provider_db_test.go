@@ -46,24 +46,6 @@ func TestDBProviderLaneConformance(t *testing.T) {
 	}
 }
 
-// sqlLaneTarget is the lane suite's target on tg: the default provider,
-// with claims in database/sql transactions.
-func sqlLaneTarget(t *testing.T, tg testdb.Target) providertest.LaneTarget {
-	t.Helper()
-	db := tg.Open(t)
-	initProvider(t, tg, db)
-	return providertest.LaneTarget{
-		Open: func() provider.LaneStore { return initProvider(t, tg, tg.Open(t)) },
-		Begin: func(ctx context.Context) (providertest.Tx, error) {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return nil, err
-			}
-			return providertest.SQLTx(tx), nil
-		},
-	}
-}
-
 // Many nodes booting at once must all create or find the schema.
 func TestSchemaConcurrentInit(t *testing.T) {
 	t.Parallel()
@@ -491,14 +473,6 @@ func shadowStatements(prefix, now string) []string {
 	}
 }
 
-// dbNow is the database clock in unix ms on d, as the package reads it.
-func dbNow(d cluster.Dialect) string {
-	if d == cluster.SQLite {
-		return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-	}
-	return "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-}
-
 // A temporary table of the same name as a cluster table changes nothing:
 // every statement reaches the real tables whatever the session holds. An
 // application that shares a node's one-connection pool snapshots the
@@ -713,9 +687,6 @@ func postgresRole(t *testing.T, tg testdb.Target, db *sql.DB, privs string) stri
 	}
 	return testdb.WithUser(t, tg, role, "pw")
 }
-
-// unknownDriver is a database/sql driver the package cannot identify.
-type unknownDriver struct{}
 
 func (unknownDriver) Open(string) (driver.Conn, error) { return nil, errors.New("not a real driver") }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,42 +67,6 @@ func TestGuardsRefuseRawSQL(t *testing.T) {
 		q = "INSERT INTO " + tips + " (scope, lease_name, at_counter, row_hash, fencing_token, updated_at) VALUES ('other', 'leader', 1, 'x', 1, 0)"
 		if _, err := db.ExecContext(ctx, q); err == nil {
 			t.Fatal("a tip under the previous term's token was accepted")
-		}
-	})
-}
-
-func TestAdvanceTipRules(t *testing.T) {
-	t.Parallel()
-	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
-		db, _, a := auditLeader(t, tg, 2)
-		try := func(chain string, counter uint64, hash []byte) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			return a.AdvanceTip(ctx, tx, chain, counter, hash)
-		}
-		if err := try("audit", 1, []byte("h")); !errors.Is(err, cluster.ErrTipBackwards) {
-			t.Fatalf("backwards tip = %v, want ErrTipBackwards", err)
-		}
-		if err := try("ledger", 3, []byte("h")); !errors.Is(err, cluster.ErrInvalidConfig) {
-			t.Fatalf("unknown chain = %v", err)
-		}
-		if err := try("audit", 3, nil); err == nil || !strings.Contains(err.Error(), "row hash") {
-			t.Fatalf("empty hash = %v", err)
-		}
-		if err := try("audit", 1<<63, []byte("h")); err == nil || !strings.Contains(err.Error(), "BIGINT") {
-			t.Fatalf("huge counter = %v", err)
-		}
-		// The same counter must mean the same row: recording it again is
-		// idempotent, another hash there is a substitution.
-		if err := try("audit", 2, hashOf(2, "a")); err != nil {
-			t.Fatalf("re-recording the tip at the same counter with the same hash = %v", err)
-		}
-		if err := try("audit", 2, []byte("another row at counter 2")); !errors.Is(err, cluster.ErrTipRewritten) {
-			t.Fatalf("re-recording the tip at the same counter with another hash = %v, want ErrTipRewritten", err)
 		}
 	})
 }
@@ -194,100 +157,6 @@ func TestRollbackDetectedAtAcquisition(t *testing.T) {
 	})
 }
 
-// A restore of the whole database brings back old tips and old tokens; the
-// witness file remembers what this node saw.
-func TestWitnessDetectsRestore(t *testing.T) {
-	t.Parallel()
-	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
-		witness := filepath.Join(t.TempDir(), "witness.json")
-		withWitness := func(c *cluster.Config) { c.WitnessFile = witness }
-		db := tg.Open(t)
-		a := startOn(t, tg, db, "a", withWitness)
-		first := a.FencingToken()
-		a.Shutdown(ctx)
-		if _, err := db.ExecContext(ctx, "CREATE TABLE "+tg.Prefix+"snapshot AS SELECT * FROM "+tg.Prefix+"lease"); err != nil {
-			t.Fatal(err)
-		}
-
-		a2 := startOn(t, tg, db, "a", withWitness)
-		if a2.FencingToken() <= first {
-			t.Fatalf("token %d after %d", a2.FencingToken(), first)
-		}
-		a2.Shutdown(ctx)
-		b, err := os.ReadFile(witness)
-		if err != nil || !strings.Contains(string(b), `"leader"`) {
-			t.Fatalf("witness file: %q, %v", b, err)
-		}
-
-		// The "restore": the lease table comes back from a snapshot taken
-		// during the first term (its guard triggers refuse lowering a token
-		// in place, so restoring is the way tokens go back).
-		for _, q := range []string{
-			"DROP TABLE " + tg.Prefix + "lease",
-			"CREATE TABLE " + tg.Prefix + "lease AS SELECT * FROM " + tg.Prefix + "snapshot",
-		} {
-			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		cfg := tg.Config(t, tg.Open(t), "a")
-		withWitness(&cfg)
-		_, err = cluster.New(ctx, cfg)
-		if !errors.Is(err, cluster.ErrRollbackDetected) || !strings.Contains(err.Error(), "witness") {
-			t.Fatalf("New over a restored database = %v, want ErrRollbackDetected citing the witness", err)
-		}
-		t.Logf("restore: %v", err)
-
-		// A node without the witness cannot tell; that is why it exists.
-		start(t, tg, "d").Shutdown(ctx)
-	})
-}
-
-// On SQLite a restore is a file copy: tips, rows and lease all go back.
-func TestWitnessDetectsWholeFileRestore(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	tg := testdb.New(t, cluster.SQLite)
-	path := strings.TrimPrefix(strings.SplitN(tg.DSN, "?", 2)[0], "file:")
-	witness := filepath.Join(t.TempDir(), "witness.json")
-	db := tg.Open(t)
-	table := createAuditTable(t, tg, db)
-	cfg := func(c *cluster.Config) {
-		withAudit(table)(c)
-		c.WitnessFile = witness
-	}
-	a := startOn(t, tg, db, "a", cfg)
-	appendAudit(t, tg, a, table, 1, 2)
-	a.Shutdown(ctx)
-	if _, err := db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	backup := path + ".bak"
-	copyFile(t, path, backup)
-
-	db2 := tg.Open(t)
-	a2 := startOn(t, tg, db2, "a", cfg)
-	appendAudit(t, tg, a2, table, 3, 5)
-	a2.Shutdown(ctx)
-	db2.Close()
-
-	// Restore the snapshot, WAL files and all.
-	for _, suffix := range []string{"-wal", "-shm"} {
-		os.Remove(path + suffix)
-	}
-	copyFile(t, backup, path)
-
-	c := tg.Config(t, tg.Open(t), "a")
-	cfg(&c)
-	_, err := cluster.New(ctx, c)
-	if !errors.Is(err, cluster.ErrRollbackDetected) {
-		t.Fatalf("New over a restored file = %v, want ErrRollbackDetected", err)
-	}
-	t.Logf("restore: %v", err)
-}
-
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
 	src, err := os.Open(from)
@@ -305,97 +174,6 @@ func copyFile(t *testing.T, from, to string) {
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func TestChainConfigErrors(t *testing.T) {
-	t.Parallel()
-	db := testdb.New(t, cluster.SQLite).Open(t)
-	for name, tt := range map[string]struct {
-		chains []cluster.Chain
-		want   string
-	}{
-		"no name":      {[]cluster.Chain{{Table: "audit"}}, "Chains[0].Name is required"},
-		"duplicate":    {[]cluster.Chain{{Name: "a", Table: "t1"}, {Name: "a", Table: "t2"}}, `Chains[1].Name ("a") is used`},
-		"bad table":    {[]cluster.Chain{{Name: "a", Table: "audit; DROP TABLE x"}}, "Chains[0].Table"},
-		"quoted table": {[]cluster.Chain{{Name: "a", Table: `"Audit"`}}, "Chains[0].Table"},
-		"bad counter":  {[]cluster.Chain{{Name: "a", Table: "audit", CounterColumn: "n)"}}, "Chains[0].CounterColumn"},
-		"bad hash":     {[]cluster.Chain{{Name: "a", Table: "audit", HashColumn: "Hash"}}, "Chains[0].HashColumn"},
-		"three part":   {[]cluster.Chain{{Name: "a", Table: "db.schema.audit"}}, "Chains[0].Table"},
-	} {
-		err := cluster.Config{NodeID: "n", DB: db, Chains: tt.chains}.Validate()
-		if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("%s: %v, want %q", name, err, tt.want)
-		}
-	}
-	if err := (cluster.Config{NodeID: "n", DB: db, Chains: []cluster.Chain{{Name: "a", Table: "audit.events"}}}).Validate(); err != nil {
-		t.Errorf("schema-qualified table: %v", err)
-	}
-	for name, cfg := range map[string]cluster.Config{
-		"chains":  {NodeID: "n", Provider: &fakeProvider{}, Chains: []cluster.Chain{{Name: "a", Table: "audit"}}},
-		"witness": {NodeID: "n", Provider: &fakeProvider{}, WitnessFile: filepath.Join(t.TempDir(), "w.json")},
-	} {
-		_, err := cluster.New(context.Background(), cfg)
-		if !errors.Is(err, cluster.ErrInvalidConfig) || !strings.Contains(err.Error(), "ChainStore") {
-			t.Errorf("%s with a provider that has no ChainStore: %v", name, err)
-		}
-	}
-}
-
-// A database that lost commits a node saw and then went on writing (a
-// failover to a standby that had not received them, or a restore
-// followed by more work) reaches the witness's heights again with other
-// rows. The witness must still tell: the row it saw at the tip is gone.
-func TestWitnessDetectsDivergedHistory(t *testing.T) {
-	t.Parallel()
-	testdb.ForEach(t, func(t *testing.T, tg testdb.Target) {
-		ctx := context.Background()
-		witness := filepath.Join(t.TempDir(), "witness.json")
-		db := tg.Open(t)
-		table := createAuditTable(t, tg, db)
-		withWitness := func(c *cluster.Config) {
-			withAudit(table)(c)
-			c.WitnessFile = witness
-		}
-		a := startOn(t, tg, db, "a", withWitness)
-		appendAudit(t, tg, a, table, 1, 5)
-		a.Shutdown(ctx)
-
-		// The database loses rows 3..5, then node b, which saw none of
-		// them, leads and writes its own rows 3..8.
-		restoreChain(t, tg, db, table, 2)
-		b := startOn(t, tg, tg.Open(t), "b", withAudit(table))
-		appendAuditSalted(t, tg, b, table, 3, 8, "b")
-		b.Shutdown(ctx)
-
-		cfg := tg.Config(t, tg.Open(t), "a")
-		withWitness(&cfg)
-		c, err := cluster.New(ctx, cfg)
-		if err == nil {
-			c.Shutdown(ctx)
-		}
-		if !errors.Is(err, cluster.ErrRollbackDetected) || !strings.Contains(err.Error(), "another history") {
-			t.Fatalf("New over a database with another history past the witness = %v, want ErrRollbackDetected (another history)", err)
-		}
-		t.Logf("diverged: %v", err)
-
-		// The same history, only longer, passes.
-		cfg = tg.Config(t, tg.Open(t), "b2")
-		w2 := filepath.Join(t.TempDir(), "witness.json")
-		withAudit(table)(&cfg)
-		cfg.WitnessFile = w2
-		b2, err := cluster.New(ctx, cfg)
-		if err != nil {
-			t.Fatalf("New b2: %v", err)
-		}
-		b2.Shutdown(ctx)
-		b3 := startOn(t, tg, tg.Open(t), "b3", withAudit(table))
-		appendAuditSalted(t, tg, b3, table, 9, 12, "b")
-		b3.Shutdown(ctx)
-		if b2, err = cluster.New(ctx, cfg); err != nil {
-			t.Fatalf("New b2 after the chain grew on the same history: %v", err)
-		}
-		b2.Shutdown(ctx)
-	})
 }
 
 // The boot check reads a chain's mark, tip and rows in separate

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -58,30 +55,6 @@ func TestSchemaSQLAndSkipMigrations(t *testing.T) {
 			t.Fatalf("SchemaSQL of an unknown dialect = %v", err)
 		}
 	})
-}
-
-// longestSchemaSuffix reads the schema files for the longest identifier
-// they build from the table prefix, {{prefix}} followed by [a-z0-9_]+, and
-// returns what follows the prefix.
-func longestSchemaSuffix(t testing.TB) string {
-	t.Helper()
-	files, err := filepath.Glob("schema/*.sql")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("schema files: %v, %v", files, err)
-	}
-	longest := ""
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range regexp.MustCompile(`\{\{prefix\}\}([a-z0-9_]+)`).FindAllSubmatch(b, -1) {
-			if len(m[1]) > len(longest) {
-				longest = string(m[1])
-			}
-		}
-	}
-	return longest
 }
 
 // splitSQL splits a schema file as the package does: a statement ends at a

@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,30 +10,6 @@ import (
 	"github.com/sqlfence/cluster/internal/testdb"
 	"github.com/sqlfence/cluster/provider"
 )
-
-// opLog records what Config.Observer is told.
-type opLog struct {
-	mu  sync.Mutex
-	ops []cluster.Operation
-}
-
-func (l *opLog) add(o cluster.Operation) {
-	l.mu.Lock()
-	l.ops = append(l.ops, o)
-	l.mu.Unlock()
-}
-
-func (l *opLog) count(kind cluster.OpKind, outcome cluster.Outcome) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, o := range l.ops {
-		if o.Kind == kind && o.Outcome == outcome {
-			n++
-		}
-	}
-	return n
-}
 
 // Stats and the Observer follow a node through a term, a fenced write, a
 // takeover, a resign and a shutdown, on every dialect.

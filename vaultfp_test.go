@@ -250,36 +250,6 @@ func vaultKey(t *testing.T, name string, off byte) kem.PublicKey {
 	return pk
 }
 
-// fpOf returns the fingerprint of a ring of one ML-KEM-768 key derived from
-// seed offset off.
-func fpOf(t *testing.T, off byte) string {
-	t.Helper()
-	fp, err := cluster.VaultKeyFingerprint(vaultKey(t, mlkem768, off))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fp
-}
-
-// vaultNode starts a node with vault keys derived from off, or returns the
-// error New returned.
-func vaultNode(t *testing.T, tg testdb.Target, id string, off byte, edit ...func(*cluster.Config)) (*node, error) {
-	t.Helper()
-	cfg := tg.Config(t, tg.Open(t), id)
-	cfg.VaultKeys = []kem.PublicKey{vaultKey(t, mlkem768, off)}
-	log := newEventLog()
-	cfg.Events = log.ch
-	for _, e := range edit {
-		e(&cfg)
-	}
-	c, err := cluster.New(context.Background(), cfg)
-	if err != nil {
-		return nil, err
-	}
-	t.Cleanup(func() { c.Shutdown(context.Background()) })
-	return &node{Cluster: c, events: log}, nil
-}
-
 func readState(t *testing.T, tg testdb.Target) (fp string, epoch int64, by string) {
 	t.Helper()
 	q := bind(tg.Dialect, "SELECT vault_key_fp, rotation_epoch, recorded_by_node FROM "+tg.Prefix+"state WHERE scope = ?")

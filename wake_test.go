@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/sqlfence/cluster"
 	"github.com/sqlfence/cluster/internal/testdb"
@@ -62,12 +61,6 @@ func TestReleaseLeavesSynchronousCommitAlone(t *testing.T) {
 	if after != before {
 		t.Fatalf("synchronous_commit on the release's connection is %q after the release, %q before", after, before)
 	}
-}
-
-// slow gives nodes a poll so slow (every 5s) that a takeover within a
-// fraction of it can only come from a wake-up.
-func slow(c *cluster.Config) {
-	c.LeaseTTL, c.HeartbeatInterval, c.FenceTimeout = 15*time.Second, 5*time.Second, 10*time.Second
 }
 
 // A PostgreSQL attempt that is refused commits without waiting for its
