@@ -31,12 +31,13 @@ func (p *stallingProvider) Leader(context.Context, string) (*Leader, error) { re
 
 // A term's timer that runs late, after the trust window's deadline u (a
 // GC pause, a stopped process, a busy scheduler), must still move the
-// deadline away from u when it ends the window. Otherwise a renew that
-// read the clock before u, then stalled past it, succeeds in its
-// compare-and-swap from u and makes IsLeader true again for a term whose
-// context the timer has cancelled: a leader whose leader work never runs.
-// The test holds the timer off c.mu until past u, while the renew in
-// flight is held by the provider.
+// deadline away from u when it ends the window. Otherwise a renew paused
+// between its clock read (before u) and its compare-and-swap from u
+// succeeds after the timer ran, and makes IsLeader true again for a term
+// whose context the timer has cancelled: a leader whose leader work never
+// runs. The test holds the timer off c.mu until past u; the provider
+// holds the heartbeat's renew, so that nothing else moves the deadline,
+// and the test makes that paused renew's compare-and-swap itself.
 func TestExpireLateNeverLeavesTheDeadline(t *testing.T) {
 	p := &stallingProvider{hold: make(chan struct{})}
 	c, err := New(context.Background(), Config{
@@ -64,8 +65,8 @@ func TestExpireLateNeverLeavesTheDeadline(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the term's timer did not end the term after its window")
 	}
-	if got := c.until.Load(); got == u {
-		t.Fatalf("after its late timer ended term %d the deadline is still %d: a renew that read the clock before it could extend the ended window", term.lease.FencingToken, u)
+	if c.until.CompareAndSwap(u, monoAfter(u-1, c.cfg.FenceTimeout)) {
+		t.Fatalf("after its late timer ended term %d, a renew that read the clock before the deadline extended the ended window", term.lease.FencingToken)
 	}
 	if c.IsLeader() || c.FencingToken() != 0 {
 		t.Fatal("IsLeader true after the window ended")
