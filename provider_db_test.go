@@ -166,6 +166,13 @@ func TestGuardsRefuseTruncateReplaceAndRename(t *testing.T) {
 		refusedWith(t, tg, db, "SF002", cluster.ErrTipBackwards, "UPDATE "+tips+" SET at_counter = 2")
 		refusedWith(t, tg, db, "SF006", cluster.ErrTokenLowered, "UPDATE "+marks+" SET value = 0")
 		refusedWith(t, tg, db, "SF006", cluster.ErrTokenLowered, "DELETE FROM "+marks)
+		// A tip keeps its lease: the application's role may insert a lease
+		// row with any token, and a tip moved to it would be written under
+		// a token no real term holds.
+		if _, err := db.ExecContext(ctx, bind(tg.Dialect, "INSERT INTO "+lease+" (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('forged', 'm', 'm', 1000000, 0, 0, ?, '')"), int64(1)<<50); err != nil {
+			t.Fatalf("inserting a lease row of another name: %v", err)
+		}
+		refusedWith(t, tg, db, "SF003", cluster.ErrTipDeleted, "UPDATE "+tips+" SET lease_name = 'forged', fencing_token = 1000000, at_counter = at_counter + 1")
 
 		switch tg.Dialect {
 		case cluster.SQLite:
@@ -191,7 +198,23 @@ func TestGuardsRefuseTruncateReplaceAndRename(t *testing.T) {
 			refusedWith(t, tg, db, "SF007", cluster.ErrRollbackDetected,
 				"REPLACE INTO "+lease+" (name, holder, instance, fencing_token, acquired_at, renewed_at, expires_at, endpoint) VALUES ('leader', 'x', 'y', 1, 0, 0, 0, '')")
 			refusedWith(t, tg, db, "SF003", cluster.ErrTipDeleted,
-				"REPLACE INTO "+tips+" (scope, lease_name, at_counter, row_hash, fencing_token, updated_at) SELECT 'audit', 'leader', 5, 'x', fencing_token, 0 FROM "+lease)
+				"REPLACE INTO "+tips+" (scope, lease_name, at_counter, row_hash, fencing_token, updated_at) SELECT 'audit', 'leader', 5, 'x', fencing_token, 0 FROM "+lease+" WHERE name = 'leader'")
+			// Without a strict sql_mode, or under IGNORE, a NULL reaches the
+			// triggers as NULL (no comparison with it holds) and would be
+			// stored as 0; the guards refuse it first.
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.ExecContext(ctx, "SET SESSION sql_mode = ''"); err != nil {
+				t.Fatal(err)
+			}
+			refusedWith(t, tg, conn, "SF006", cluster.ErrTokenLowered, "UPDATE IGNORE "+lease+" SET fencing_token = NULL, holder = 'z', instance = 'z' WHERE name = 'leader'")
+			refusedWith(t, tg, conn, "SF006", cluster.ErrTokenLowered, "UPDATE "+lease+" SET fencing_token = NULL, expires_at = 0 WHERE name = 'leader'")
+			refusedWith(t, tg, conn, "SF006", cluster.ErrTokenLowered, "UPDATE IGNORE "+marks+" SET value = NULL")
+			refusedWith(t, tg, conn, "SF001", cluster.ErrStaleFencingToken, "UPDATE IGNORE "+tips+" SET at_counter = NULL, row_hash = NULL")
+			refusedWith(t, tg, conn, "SF006", cluster.ErrTokenLowered, "INSERT IGNORE INTO "+marks+" (scope, value) VALUES ('lease/other', NULL)")
 		}
 
 		// Nothing above changed the token: a takeover gets the next one.

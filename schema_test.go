@@ -138,7 +138,7 @@ func TestSchemaUpgradeToNextVersion(t *testing.T) {
 }
 
 // Tables at version 1 (before members recorded their node timeout) are
-// upgraded to version 2 by New, on every dialect: the column is added, the
+// upgraded to the current version by New, on every dialect: the column is added, the
 // rows of older nodes keep 0 (judged by the reader's timeout), and a node
 // that joins records its own.
 func TestSchemaUpgradeFromVersion1(t *testing.T) {
@@ -244,4 +244,42 @@ func TestSchemaUpgradeInTheTablesSchema(t *testing.T) {
 		t.Fatalf("the migration made %d tables in %s (%v), want none", inY, y, err)
 	}
 	refusedWith(t, tg, admin, "SF009", cluster.ErrTokenLowered, "UPDATE "+x+"."+tg.Prefix+"lease SET holder = 'z', instance = 'zi'")
+}
+
+// On PostgreSQL a lease table in a schema of the search_path before the
+// cluster tables' schema (a role's own schema, "$user", comes first by
+// default) would stand in for the lease on every node started from then
+// on: a second leader, under tokens the real lease already granted. New
+// refuses a search_path in which more than one schema has the lease table.
+func TestSchemaRefusesALeaseTableInTwoSchemas(t *testing.T) {
+	t.Parallel()
+	tg := testdb.New(t, cluster.Postgres)
+	ctx := context.Background()
+	admin := tg.Open(t)
+	x, y := tg.Prefix+"x", tg.Prefix+"y"
+	for _, s := range []string{x, y} {
+		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
+	}
+	tgX := tg
+	tgX.DSN = tg.DSN + "&search_path=" + x
+	first := start(t, tgX, "first")
+	waitFor(t, 5*time.Second, "the first node to lead", first.IsLeader)
+
+	lease := tg.Prefix + "lease"
+	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+y+"."+lease+" (LIKE "+x+"."+lease+" INCLUDING ALL)"); err != nil {
+		t.Fatal(err)
+	}
+	tgYX := tg
+	tgYX.DSN = tg.DSN + "&search_path=" + y + "," + x
+	db := tgYX.Open(t)
+	_, err := cluster.New(ctx, cluster.Config{NodeID: "shadowed", DB: db, TablePrefix: tg.Prefix})
+	if !errors.Is(err, cluster.ErrSchema) || !strings.Contains(err.Error(), y+", "+x) {
+		t.Fatalf("New with %s.%s before %s's = %v, want ErrSchema naming both schemas", y, lease, x, err)
+	}
+	if !first.IsLeader() {
+		t.Fatal("the first node lost its lease")
+	}
 }

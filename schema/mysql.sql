@@ -1,5 +1,5 @@
 -- sqlfence/cluster schema for MySQL 8.0 and MariaDB 10.5 or later (InnoDB),
--- version 2. {{prefix}} is replaced by Config.TablePrefix (validated,
+-- version 3. {{prefix}} is replaced by Config.TablePrefix (validated,
 -- default "cluster_"). Times are unix milliseconds by the database clock,
 -- UTC_TIMESTAMP(6). A statement ends at a line that starts in column 0 and
 -- ends with ";".
@@ -329,4 +329,103 @@ CREATE TRIGGER {{prefix}}config_delete_v1
 BEFORE DELETE ON {{prefix}}config FOR EACH ROW
 BEGIN
     SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not be deleted';
+END;
+
+-- Version 3: no NULL slips past the guards. Under UPDATE IGNORE, or in a
+-- session without a strict sql_mode, a NULL assigned to a NOT NULL column
+-- reaches the BEFORE triggers as NULL, where every comparison with it is
+-- unknown and no guard fires, and is then stored as 0: a fencing token or
+-- a high-water mark lowered to 0, or a lease handed over under token 0.
+-- These triggers run first (PRECEDES) and refuse any NULL in a column the
+-- guards read. SIGNAL is an error that IGNORE does not downgrade. A chain
+-- tip also keeps its lease: a tip moved to another lease row, one the
+-- application's role may insert with any token, would be written under a
+-- token no real term holds.
+CREATE TRIGGER {{prefix}}lease_ins_null_v3
+BEFORE INSERT ON {{prefix}}lease FOR EACH ROW PRECEDES {{prefix}}lease_insert_v1
+BEGIN
+    IF NEW.name IS NULL OR NEW.holder IS NULL OR NEW.instance IS NULL OR NEW.fencing_token IS NULL
+       OR NEW.expires_at IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lease column the guards read may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lease_upd_null_v3
+BEFORE UPDATE ON {{prefix}}lease FOR EACH ROW PRECEDES {{prefix}}lease_update_v1
+BEGIN
+    IF NEW.name IS NULL OR NEW.holder IS NULL OR NEW.instance IS NULL OR NEW.fencing_token IS NULL
+       OR NEW.expires_at IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lease column the guards read may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}high_water_ins_null_v3
+BEFORE INSERT ON {{prefix}}high_water FOR EACH ROW
+BEGIN
+    IF NEW.scope IS NULL OR NEW.value IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a high-water mark may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}high_water_upd_null_v3
+BEFORE UPDATE ON {{prefix}}high_water FOR EACH ROW PRECEDES {{prefix}}high_water_update_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.value IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a high-water mark may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}chain_tips_ins_null_v3
+BEFORE INSERT ON {{prefix}}chain_tips FOR EACH ROW PRECEDES {{prefix}}chain_tips_insert_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.lease_name IS NULL OR NEW.at_counter IS NULL OR NEW.row_hash IS NULL
+       OR NEW.fencing_token IS NULL THEN
+        SIGNAL SQLSTATE 'SF001' SET MESSAGE_TEXT = 'sqlfence: stale fencing token: a chain tip column the guards read may not be NULL';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}chain_tips_upd_null_v3
+BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW PRECEDES {{prefix}}chain_tips_update_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.lease_name IS NULL OR NEW.at_counter IS NULL OR NEW.row_hash IS NULL
+       OR NEW.fencing_token IS NULL THEN
+        SIGNAL SQLSTATE 'SF001' SET MESSAGE_TEXT = 'sqlfence: stale fencing token: a chain tip column the guards read may not be NULL';
+    END IF;
+    IF BINARY NEW.lease_name <> BINARY OLD.lease_name THEN
+        SIGNAL SQLSTATE 'SF003' SET MESSAGE_TEXT = 'sqlfence: a chain tip may not move to another lease';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lanes_ins_null_v3
+BEFORE INSERT ON {{prefix}}lanes FOR EACH ROW PRECEDES {{prefix}}lanes_insert_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.lane IS NULL OR NEW.holder IS NULL OR NEW.instance IS NULL
+       OR NEW.fencing_token IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lane column the guards read may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}lanes_upd_null_v3
+BEFORE UPDATE ON {{prefix}}lanes FOR EACH ROW PRECEDES {{prefix}}lanes_update_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.lane IS NULL OR NEW.holder IS NULL OR NEW.instance IS NULL
+       OR NEW.fencing_token IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a lane column the guards read may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}config_ins_null_v3
+BEFORE INSERT ON {{prefix}}config FOR EACH ROW
+BEGIN
+    IF NEW.scope IS NULL OR NEW.config_version IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not be NULL (it would be stored as 0)';
+    END IF;
+END;
+
+CREATE TRIGGER {{prefix}}config_upd_null_v3
+BEFORE UPDATE ON {{prefix}}config FOR EACH ROW PRECEDES {{prefix}}config_update_v1
+BEGIN
+    IF NEW.scope IS NULL OR NEW.config_version IS NULL THEN
+        SIGNAL SQLSTATE 'SF006' SET MESSAGE_TEXT = 'sqlfence: a config version may not be NULL (it would be stored as 0)';
+    END IF;
 END;

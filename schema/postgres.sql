@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for PostgreSQL 12 or later, version 2.
+-- sqlfence/cluster schema for PostgreSQL 12 or later, version 3.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default
 -- "cluster_"). Times are unix milliseconds by the database clock,
 -- clock_timestamp(). A statement ends at a line that starts in column 0 and
@@ -201,6 +201,13 @@ BEGIN
     END IF;
     IF TG_OP = 'UPDATE' AND NEW.scope <> OLD.scope THEN
         RAISE EXCEPTION 'sqlfence: chain tip % may not be renamed', OLD.scope USING ERRCODE = 'SF003';
+    END IF;
+    -- A tip keeps its lease: moved to another lease row, one the
+    -- application's role may insert with any token, it would be written
+    -- under a token no real term holds (version 3).
+    IF TG_OP = 'UPDATE' AND NEW.lease_name <> OLD.lease_name THEN
+        RAISE EXCEPTION 'sqlfence: chain tip % may not move from lease % to %', OLD.scope, OLD.lease_name, NEW.lease_name
+            USING ERRCODE = 'SF003';
     END IF;
     -- FOR SHARE holds the lease row until this transaction ends, so no later
     -- term can be granted before this tip commits.

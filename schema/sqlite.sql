@@ -1,4 +1,4 @@
--- sqlfence/cluster schema for SQLite 3.42 or later, version 2.
+-- sqlfence/cluster schema for SQLite 3.42 or later, version 3.
 -- {{prefix}} is replaced by Config.TablePrefix (validated, default "cluster_").
 -- Times are unix milliseconds by the clock of the host that writes them.
 -- A statement ends at a line that starts in column 0 and ends with ";".
@@ -167,6 +167,9 @@ BEGIN
     WHERE EXISTS (
         SELECT 1 FROM {{prefix}}chain_tips
         WHERE scope = NEW.scope AND at_counter = NEW.at_counter AND row_hash IS NOT NEW.row_hash);
+    SELECT RAISE(ABORT, 'sqlfence SF003: a chain tip may not move to another lease')
+    WHERE EXISTS (
+        SELECT 1 FROM {{prefix}}chain_tips WHERE scope = NEW.scope AND lease_name IS NOT NEW.lease_name);
 END;
 
 DROP TRIGGER IF EXISTS {{prefix}}chain_tips_guard_update;
@@ -176,6 +179,11 @@ BEFORE UPDATE ON {{prefix}}chain_tips FOR EACH ROW
 BEGIN
     SELECT RAISE(ABORT, 'sqlfence SF003: a chain tip may not be renamed')
     WHERE NEW.scope IS NOT OLD.scope;
+    -- A tip keeps its lease: moved to another lease row, one any writer
+    -- may insert with any token, it would be written under a token no
+    -- real term holds (version 3).
+    SELECT RAISE(ABORT, 'sqlfence SF003: a chain tip may not move to another lease')
+    WHERE NEW.lease_name IS NOT OLD.lease_name;
     SELECT RAISE(ABORT, 'sqlfence SF001: stale fencing token')
     WHERE NEW.fencing_token < OLD.fencing_token OR NOT EXISTS (
         SELECT 1 FROM {{prefix}}lease
