@@ -148,8 +148,9 @@ func (c *Cluster) termMargin() time.Duration {
 	return min(c.cfg.FenceTimeout/100, 2*time.Millisecond)
 }
 
-// newTerm makes the term of lease l, whose trust window ends at until;
-// the caller makes it current (Cluster.term, then Cluster.until).
+// newTerm makes the term of lease l, whose trust window ends at until,
+// and arms its timer; the caller holds mu and makes it current
+// (Cluster.term, then Cluster.until) before releasing it.
 func (c *Cluster) newTerm(l provider.Lease, until int64) *term {
 	t := &term{lease: l}
 	t.ctx, t.cancel = context.WithCancel(context.Background())

@@ -230,25 +230,23 @@ func (c *Cluster) campaign(ctx context.Context) time.Duration {
 			return c.cfg.HeartbeatInterval
 		}
 		until := monoAfter(start, c.cfg.FenceTimeout)
-		t := c.newTerm(l, until)
 		c.mu.Lock()
 		if c.stopped {
-			// Shutdown began meanwhile: give back the term just granted.
-			t.end()
+			// Shutdown began meanwhile: give back the lease just granted.
 			c.mu.Unlock()
 			if c.release(ctx, l) != nil {
 				c.setUnsure(true) // Shutdown tries once more
 			}
 			return 0
 		}
+		// Made under mu: its timer's expire, which takes mu, finds it
+		// current even when the grant took nearly the whole window and
+		// the timer fires at once.
+		t := c.newTerm(l, until)
 		c.stats.termStart.Store(time.Now().UnixNano())
 		c.stats.acquisitions.Add(1)
 		c.term.Store(t)
 		c.until.Store(until) // after the term: IsLeader implies one
-		// Re-armed now that t is current: a timer that fired before (a
-		// grant that took nearly the whole window) found another term
-		// and did nothing.
-		t.timer.Reset(c.untilMargin(until))
 		c.unsure = false
 		c.startWork(t)
 		c.mu.Unlock()
