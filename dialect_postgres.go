@@ -72,14 +72,15 @@ func (d *postgres) prepare(ctx context.Context, conn provider.Querier, p *DBProv
 		return nil
 	}
 	var cur sql.NullString
+	var n int64
 	var found string
-	if err := conn.QueryRow(ctx, d.q.CurrentSchema, d.prefix+"lease").Scan(&cur, &found); err != nil {
+	if err := conn.QueryRow(ctx, d.q.CurrentSchema, d.prefix+"lease").Scan(&cur, &n, &found); err != nil {
 		return p.wrap("read current schema", err)
 	}
 	if !cur.Valid {
 		return fmt.Errorf("%w: PostgreSQL has no current schema to create the cluster tables in: set search_path for the role or in the DSN", ErrSchema)
 	}
-	if strings.Contains(found, ", ") {
+	if n > 1 {
 		return fmt.Errorf("%w: table %slease is in more than one schema of the search_path (%s), and nodes started with different search_paths, or before and after one was created, would campaign for different leases: drop the stray tables, and withhold CREATE on schemas before the cluster tables' schema from the application's role",
 			ErrSchema, d.prefix, found)
 	}

@@ -215,8 +215,9 @@ WHERE scope = $3 AND vault_key_fp = $4;
 -- name: current_schema
 -- args: lease table name. The schema of the cluster tables: the first
 -- schema of the search_path that has the lease table (never the session's
--- temporary schema), else the one New creates them in; and the schemas of
--- the search_path that have it, which New requires to be at most one (a
+-- temporary schema), else the one New creates them in; and how many
+-- schemas of the search_path have it, and which, at most one of which New
+-- accepts (a
 -- table of the same name in an earlier schema would otherwise stand in
 -- for the lease on every node started from then on). Every statement then
 -- names its tables in that schema, so a temporary table of the same name,
@@ -228,7 +229,8 @@ WITH found AS (
     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $1 AND c.relkind IN ('r', 'p')
     WHERE n.oid <> pg_my_temp_schema())
 SELECT COALESCE((SELECT name FROM found ORDER BY pos LIMIT 1), current_schema()),
-       COALESCE((SELECT string_agg(name, ', ' ORDER BY pos) FROM found), '');
+       (SELECT count(*) FROM found),
+       COALESCE((SELECT string_agg(quote_ident(name), ', ' ORDER BY pos) FROM found), '');
 
 -- name: schema_lock
 -- args: lock key, lock timeout ms. Run inside the schema transaction: the
