@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -205,18 +206,7 @@ func TestSchemaUpgradeInTheTablesSchema(t *testing.T) {
 	t.Parallel()
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
-	admin := tg.Open(t)
-	x, y := tg.Prefix+"x", tg.Prefix+"y"
-	for _, s := range []string{x, y} {
-		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+s); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
-	}
-	tgX := tg
-	tgX.DSN = tg.DSN + "&search_path=" + x
-	first := start(t, tgX, "first")
-	waitFor(t, 5*time.Second, "the first node to lead", first.IsLeader)
+	admin, x, y, first := leaderInSchemaX(t, tg)
 	if err := first.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -255,18 +245,7 @@ func TestSchemaRefusesALeaseTableInTwoSchemas(t *testing.T) {
 	t.Parallel()
 	tg := testdb.New(t, cluster.Postgres)
 	ctx := context.Background()
-	admin := tg.Open(t)
-	x, y := tg.Prefix+"x", tg.Prefix+"y"
-	for _, s := range []string{x, y} {
-		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+s); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
-	}
-	tgX := tg
-	tgX.DSN = tg.DSN + "&search_path=" + x
-	first := start(t, tgX, "first")
-	waitFor(t, 5*time.Second, "the first node to lead", first.IsLeader)
+	admin, x, y, first := leaderInSchemaX(t, tg)
 
 	lease := tg.Prefix + "lease"
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+y+"."+lease+" (LIKE "+x+"."+lease+" INCLUDING ALL)"); err != nil {
@@ -282,4 +261,24 @@ func TestSchemaRefusesALeaseTableInTwoSchemas(t *testing.T) {
 	if !first.IsLeader() {
 		t.Fatal("the first node lost its lease")
 	}
+}
+
+// leaderInSchemaX makes the PostgreSQL schemas x and y of tg's prefix,
+// dropped at the end of the test, and starts a node, first, whose
+// search_path is x alone, which creates the cluster tables there and leads.
+func leaderInSchemaX(t *testing.T, tg testdb.Target) (admin *sql.DB, x, y string, first *node) {
+	t.Helper()
+	admin = tg.Open(t)
+	x, y = tg.Prefix+"x", tg.Prefix+"y"
+	for _, s := range []string{x, y} {
+		if _, err := admin.ExecContext(context.Background(), "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+s+" CASCADE") })
+	}
+	tgX := tg
+	tgX.DSN = tg.DSN + "&search_path=" + x
+	first = start(t, tgX, "first")
+	waitFor(t, 5*time.Second, "the first node to lead", first.IsLeader)
+	return admin, x, y, first
 }
